@@ -1,0 +1,30 @@
+# Everything a fresh machine needs: `make test` and `make demo` create .venv on first use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/python -m pip
+
+.PHONY: test demo lint format install clean
+
+$(BIN)/nanomt: pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -c constraints.txt -e ".[dev]"
+	touch $(BIN)/nanomt
+
+install: $(BIN)/nanomt
+
+test: install
+	$(BIN)/ruff check nanomt tests benchmarks
+	$(BIN)/ruff format --check nanomt tests benchmarks
+	$(BIN)/python -m pytest
+
+demo: install
+	$(BIN)/nanomt demo
+
+format: install
+	$(BIN)/ruff format nanomt tests benchmarks
+	$(BIN)/ruff check --fix nanomt tests benchmarks
+
+clean:
+	rm -rf $(VENV) runs/demo

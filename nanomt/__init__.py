@@ -1,0 +1,1 @@
+"""nanomt: the original Transformer for machine translation, from scratch in PyTorch."""

@@ -1,0 +1,297 @@
+"""Frozen dataclass configs, YAML load/save, and `section.key=value` overrides; unknown keys are errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+ACTIVATIONS = ("relu", "gelu", "swish")
+POSITIONALS = ("sinusoidal", "learned")
+
+
+class ConfigError(ValueError):
+    """A config file or override that does not fit the schema."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Hyperparameters of the Transformer (defaults: the paper's base model)."""
+
+    src_vocab_size: int
+    tgt_vocab_size: int
+    d_model: int = 512
+    n_heads: int = 8
+    n_encoder_layers: int = 6
+    n_decoder_layers: int = 6
+    d_ff: int = 2048
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    activation_dropout: float = 0.0
+    max_positions: int = 1024
+    positional: str = "sinusoidal"
+    norm_first: bool = True
+    activation: str = "relu"
+    share_embeddings: bool = False
+    tie_output: bool = False
+    pad_id: int = 0
+    layer_norm_eps: float = 1e-5
+
+    def __post_init__(self):
+        for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff", "max_positions"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("n_encoder_layers", "n_decoder_layers"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        if self.positional == "sinusoidal" and self.d_model % 2:
+            raise ValueError(f"d_model ({self.d_model}) must be even for positional='sinusoidal'")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
+        if self.positional not in POSITIONALS:
+            raise ValueError(f"positional must be one of {POSITIONALS}, got {self.positional!r}")
+        for name in ("dropout", "attention_dropout", "activation_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
+            raise ValueError(
+                "share_embeddings needs src_vocab_size == tgt_vocab_size, "
+                f"got {self.src_vocab_size} and {self.tgt_vocab_size}"
+            )
+        if not 0 <= self.pad_id < min(self.src_vocab_size, self.tgt_vocab_size):
+            raise ValueError(f"pad_id ({self.pad_id}) must be a valid token id in both vocabularies")
+
+
+@dataclass(frozen=True)
+class SplitConfig:
+    """One split of a parallel corpus: two line-aligned files, or one TSV with two columns."""
+
+    src: str | None = None
+    tgt: str | None = None
+    tsv: str | None = None
+
+
+@dataclass(frozen=True)
+class HFDataConfig:
+    """A Hugging Face dataset (`datasets.load_dataset(path, name, data_files=...)`)."""
+
+    path: str = ""
+    name: str | None = None
+    data_files: dict[str, str] | None = None
+    train_split: str = "train"
+    valid_split: str = "validation"
+    test_split: str | None = None
+    src_lang: str = ""
+    tgt_lang: str = ""
+    # Rows look like {"translation": {"de": ..., "en": ...}} (WMT, opus) or {src_key: ..., tgt_key: ...}.
+    translation_field: str | None = "translation"
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the corpus is and how it is tokenized and filtered."""
+
+    train: SplitConfig = field(default_factory=SplitConfig)
+    valid: SplitConfig = field(default_factory=SplitConfig)
+    test: SplitConfig = field(default_factory=SplitConfig)
+    hf: HFDataConfig | None = None
+    tokenizer: Literal["bpe", "unigram"] = "bpe"
+    vocab_size: int = 8000
+    shared_vocab: bool = True
+    character_coverage: float = 1.0
+    # Sentences longer than this many subword tokens (either side, before BOS/EOS) are dropped from training.
+    max_len: int = 256
+    cache_dir: str | None = None
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The optimisation loop: schedule, batching, checkpoints, precision, device."""
+
+    max_steps: int = 100_000
+    max_epochs: int | None = None
+    max_minutes: float | None = None
+    max_tokens: int = 4096
+    accum_steps: int = 1
+    lr: float = 5e-4
+    warmup_steps: int = 4000
+    # "inverse_sqrt": fairseq's linear warmup to `lr` then lr*sqrt(warmup/step);
+    # "noam": the paper's d_model^-0.5 * min(step^-0.5, step*warmup^-1.5), scaled by `lr`.
+    schedule: Literal["inverse_sqrt", "noam"] = "inverse_sqrt"
+    betas: tuple[float, float] = (0.9, 0.98)
+    eps: float = 1e-9
+    weight_decay: float = 0.0
+    label_smoothing: float = 0.1
+    clip_norm: float = 1.0
+    seed: int = 1
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    device: str = "auto"
+    num_threads: int | None = None
+    log_every: int = 50
+    eval_every: int = 1000
+    save_every: int = 1000
+    keep_last: int = 5
+    # Validation BLEU is greedy decoding of the first `valid_bleu_sentences` pairs (None: all).
+    valid_bleu_sentences: int | None = None
+    tensorboard: bool = False
+    progress: bool = True
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Decoding defaults stored with a checkpoint."""
+
+    beam_size: int = 5
+    length_penalty: float = 1.0
+    length_penalty_kind: Literal["gnmt", "average", "none"] = "gnmt"
+    max_len_a: float = 1.2
+    max_len_b: int = 10
+    min_len: int = 0
+    max_tokens: int = 4096
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything a run needs; the run directory's config.yaml is this, resolved."""
+
+    model: ModelConfig
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+
+def _is_dataclass_type(tp: Any) -> bool:
+    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
+def _check_value(value: Any, tp: Any, where: str) -> Any:
+    """Return `value` converted to type `tp`, or raise ConfigError naming `where`."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return _check_value(value, arg, where)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if len(errors) == 1 else f"{where}: {value!r} does not fit {tp}")
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{where} must be one of {list(args)}, got {value!r}")
+        return value
+    if origin is tuple:
+        if not isinstance(value, list | tuple) or len(value) != len(args):
+            raise ConfigError(f"{where} must be a list of {len(args)} values, got {value!r}")
+        return tuple(_check_value(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where} must be a mapping, got {value!r}")
+        return {str(k): _check_value(v, args[1], f"{where}.{k}") for k, v in value.items()}
+    if _is_dataclass_type(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where} must be a mapping, got {value!r}")
+        return _build(tp, value, where)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    else:
+        raise ConfigError(f"{where}: unsupported type {tp}")
+    raise ConfigError(f"{where} must be {tp.__name__}, got {value!r}")
+
+
+def _build(cls: type, values: dict, where: str) -> Any:
+    """Build dataclass `cls` from a dict, rejecting unknown keys and wrong types."""
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        section = where or "top level"
+        raise ConfigError(f"unknown config key {unknown[0]!r} in section '{section}' (known: {sorted(names)})")
+    kwargs = {k: _check_value(v, hints[k], f"{where}.{k}" if where else k) for k, v in values.items()}
+    try:
+        return cls(**kwargs)
+    except TypeError as e:  # a required field is missing
+        raise ConfigError(f"section '{where or 'top level'}': {e}") from None
+    except ValueError as e:
+        raise ConfigError(f"section '{where or 'top level'}': {e}") from None
+
+
+def to_dict(cfg: Any) -> Any:
+    """A dataclass config as plain dicts/lists (tuples become lists) for YAML."""
+    if dataclasses.is_dataclass(cfg):
+        return {f.name: to_dict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
+    if isinstance(cfg, tuple | list):
+        return [to_dict(v) for v in cfg]
+    if isinstance(cfg, dict):
+        return {k: to_dict(v) for k, v in cfg.items()}
+    return cfg
+
+
+def _parse_override(item: str) -> tuple[list[str], Any]:
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} must look like section.key=value")
+    key, raw = item.split("=", 1)
+    value = yaml.safe_load(raw) if raw.strip() else ""
+    return key.strip().split("."), value
+
+
+def config_from_dict(raw: dict, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Build a Config from nested dicts plus `section.key=value` overrides."""
+    raw = to_dict(raw) if raw else {}
+    if not isinstance(raw, dict):
+        raise ConfigError("a config must be a mapping of sections (model, data, train, decode)")
+    for item in overrides:
+        path, value = _parse_override(item)
+        node = raw
+        for part in path[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {item!r}: {part!r} is not a section")
+            node = child
+        node[path[-1]] = value
+    raw.setdefault("model", {})
+    model = raw["model"]
+    if isinstance(model, dict):
+        # Vocabulary sizes come from the tokenizer; until it exists, data.vocab_size stands in.
+        vocab = (raw.get("data") or {}).get("vocab_size", DataConfig.vocab_size)
+        model.setdefault("src_vocab_size", vocab)
+        model.setdefault("tgt_vocab_size", vocab)
+    return _build(Config, raw, "")
+
+
+def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Load a YAML config file and apply overrides."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: invalid YAML: {e}") from None
+    return config_from_dict(raw or {}, overrides)
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    """Write the resolved config as YAML."""
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False), encoding="utf-8")

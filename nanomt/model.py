@@ -1,0 +1,408 @@
+"""The encoder-decoder Transformer of "Attention Is All You Need" (Vaswani et al., 2017), from scratch.
+
+Shapes: B batch, S source length, T target length, D d_model, H heads, K head dim (D / H), V vocabulary.
+Masks are boolean with scaled_dot_product_attention's convention: True = may attend.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+from nanomt.config import ModelConfig
+
+# ---------------------------------------------------------------------------------------------------------
+# Masks and positions: pure functions.
+# ---------------------------------------------------------------------------------------------------------
+
+
+def padding_mask(ids: Tensor, pad_id: int) -> Tensor:
+    """(B, S) token ids -> (B, 1, 1, S) key mask, True on real tokens."""
+    mask = ids != pad_id
+    # A sentence that is all padding may attend to its first position, so softmax never sees an empty row.
+    mask[:, 0] |= ~mask.any(dim=1)
+    return mask[:, None, None, :]  # (B, 1, 1, S)
+
+
+def causal_mask(t_query: int, t_key: int, device: torch.device | None = None) -> Tensor:
+    """(Tq, Tk) mask letting query i (the last Tq of Tk positions) see keys 0..Tk-Tq+i."""
+    offset = t_key - t_query
+    return torch.ones(t_query, t_key, dtype=torch.bool, device=device).tril(diagonal=offset)
+
+
+def sinusoidal_table(n_positions: int, d_model: int) -> Tensor:
+    """3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...), as (n_positions, d_model)."""
+    position = torch.arange(n_positions, dtype=torch.float64)[:, None]  # (P, 1)
+    # 10000^(-2i/d) computed in log space: exp(-2i * ln(10000) / d)
+    inv_freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float64) * (-math.log(10000.0) / d_model))
+    table = torch.zeros(n_positions, d_model, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(position * inv_freq)
+    table[:, 1::2] = torch.cos(position * inv_freq)
+    return table.float()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Attention.
+# ---------------------------------------------------------------------------------------------------------
+
+
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    is_causal: bool = False,
+    dropout_p: float = 0.0,
+    need_weights: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """3.2.1: softmax(Q K^T / sqrt(K)) V on (B, H, T, K) tensors; the weights only when asked for."""
+    if not need_weights:
+        # Fused kernel: same numbers, no (T, S) weight matrix kept for backward.
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
+        return out, None
+    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))  # (B, H, Tq, Tk)
+    if is_causal:
+        mask = causal_mask(q.size(-2), k.size(-2), device=q.device)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = scores.softmax(dim=-1)
+    out = F.dropout(weights, dropout_p) @ v  # (B, H, Tq, K)
+    return out, weights
+
+
+def split_heads(x: Tensor, n_heads: int) -> Tensor:
+    """(B, T, D) -> (B, H, T, K)."""
+    b, t, d = x.shape
+    return x.view(b, t, n_heads, d // n_heads).transpose(1, 2)  # (B, H, T, K)
+
+
+def merge_heads(x: Tensor) -> Tensor:
+    """(B, H, T, K) -> (B, T, D)."""
+    b, h, t, k = x.shape
+    return x.transpose(1, 2).reshape(b, t, h * k)  # (B, T, D)
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention with one fused Q/K/V projection; optional past keys/values."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads = cfg.n_heads
+        self.dropout_p = cfg.attention_dropout
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
+        self.out = nn.Linear(cfg.d_model, cfg.d_model)
+
+    def forward(
+        self,
+        x: Tensor,
+        mask: Tensor | None = None,
+        is_causal: bool = False,
+        past: tuple[Tensor, Tensor] | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None, tuple[Tensor, Tensor]]:
+        """x (B, T, D) -> output (B, T, D), weights (B, H, T, T_total) or None, keys/values incl. past."""
+        q, k, v = (split_heads(z, self.n_heads) for z in self.qkv(x).chunk(3, dim=-1))  # 3 x (B, H, T, K)
+        if past is not None:
+            k = torch.cat([past[0], k], dim=2)  # (B, H, T_past + T, K)
+            v = torch.cat([past[1], v], dim=2)
+        dropout_p = self.dropout_p if self.training else 0.0
+        y, weights = attention(q, k, v, mask, is_causal, dropout_p, need_weights)
+        return self.out(merge_heads(y)), weights, (k, v)
+
+
+class CrossAttention(nn.Module):
+    """Multi-head attention from the decoder to the encoder memory; keys/values computed once per sentence."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads = cfg.n_heads
+        self.dropout_p = cfg.attention_dropout
+        self.q = nn.Linear(cfg.d_model, cfg.d_model)
+        self.kv = nn.Linear(cfg.d_model, 2 * cfg.d_model)
+        self.out = nn.Linear(cfg.d_model, cfg.d_model)
+
+    def memory_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """memory (B, S, D) -> keys, values (B, H, S, K)."""
+        k, v = self.kv(memory).chunk(2, dim=-1)
+        return split_heads(k, self.n_heads), split_heads(v, self.n_heads)
+
+    def forward(
+        self, x: Tensor, kv: tuple[Tensor, Tensor], mask: Tensor, need_weights: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
+        """x (B, T, D) -> output (B, T, D), weights (B, H, T, S) or None."""
+        q = split_heads(self.q(x), self.n_heads)  # (B, H, T, K)
+        dropout_p = self.dropout_p if self.training else 0.0
+        y, weights = attention(q, kv[0], kv[1], mask, False, dropout_p, need_weights)
+        return self.out(merge_heads(y)), weights
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Layers.
+# ---------------------------------------------------------------------------------------------------------
+
+
+class LayerNorm(nn.Module):
+    """Layer normalization (Ba et al., 2016) over the last dimension, with nn.LayerNorm's numerics."""
+
+    def __init__(self, d_model: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d_model))
+        self.bias = nn.Parameter(torch.zeros(d_model))
+
+    def forward(self, x: Tensor) -> Tensor:
+        mean = x.mean(dim=-1, keepdim=True)
+        var = (x - mean).pow(2).mean(dim=-1, keepdim=True)  # biased variance, as nn.LayerNorm
+        return (x - mean) * torch.rsqrt(var + self.eps) * self.weight + self.bias
+
+
+ACTIVATION_FNS = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu}
+
+
+class FeedForward(nn.Module):
+    """3.3: FFN(x) = W2 act(W1 x + b1) + b2, applied at every position."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.w1 = nn.Linear(cfg.d_model, cfg.d_ff)
+        self.w2 = nn.Linear(cfg.d_ff, cfg.d_model)
+        self.act = ACTIVATION_FNS[cfg.activation]
+        self.dropout = nn.Dropout(cfg.activation_dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w2(self.dropout(self.act(self.w1(x))))
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention then FFN, each wrapped in dropout + residual + LayerNorm (pre- or post-norm)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.norm_first = cfg.norm_first
+        self.self_attn = SelfAttention(cfg)
+        self.ffn = FeedForward(cfg)
+        self.norm1 = LayerNorm(cfg.d_model, cfg.layer_norm_eps)
+        self.norm2 = LayerNorm(cfg.d_model, cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: Tensor, mask: Tensor, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        if self.norm_first:
+            h, weights, _ = self.self_attn(self.norm1(x), mask, need_weights=need_weights)
+            x = x + self.dropout(h)
+            x = x + self.dropout(self.ffn(self.norm2(x)))
+        else:  # 5.4: dropout on each sub-layer's output before it is added and normalized
+            h, weights, _ = self.self_attn(x, mask, need_weights=need_weights)
+            x = self.norm1(x + self.dropout(h))
+            x = self.norm2(x + self.dropout(self.ffn(x)))
+        return x, weights
+
+
+@dataclass(frozen=True)
+class LayerCache:
+    """One decoder layer's keys/values: self-attention grows a step per call, cross-attention is fixed."""
+
+    self_k: Tensor  # (B, H, T, K)
+    self_v: Tensor  # (B, H, T, K)
+    cross_k: Tensor  # (B, H, S, K)
+    cross_v: Tensor  # (B, H, S, K)
+
+
+@dataclass(frozen=True)
+class DecoderCache:
+    """The decoder's state between incremental steps: one LayerCache per layer and the positions so far."""
+
+    layers: tuple[LayerCache, ...]
+    length: int
+
+    def index_select(self, index: Tensor) -> DecoderCache:
+        """Keep/reorder batch rows (beam reordering, dropping finished sentences)."""
+        return DecoderCache(
+            tuple(LayerCache(*(t.index_select(0, index) for t in vars(c).values())) for c in self.layers),
+            self.length,
+        )
+
+
+class DecoderLayer(nn.Module):
+    """Masked self-attention, cross-attention over the memory, FFN; each with residual + LayerNorm."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.norm_first = cfg.norm_first
+        self.self_attn = SelfAttention(cfg)
+        self.cross_attn = CrossAttention(cfg)
+        self.ffn = FeedForward(cfg)
+        self.norm1 = LayerNorm(cfg.d_model, cfg.layer_norm_eps)
+        self.norm2 = LayerNorm(cfg.d_model, cfg.layer_norm_eps)
+        self.norm3 = LayerNorm(cfg.d_model, cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(
+        self,
+        x: Tensor,
+        cross_kv: tuple[Tensor, Tensor],
+        src_mask: Tensor,
+        past: tuple[Tensor, Tensor] | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, tuple[Tensor, Tensor], Tensor | None, Tensor | None]:
+        """x (B, T, D) -> (x, self keys/values incl. past, self weights, cross weights)."""
+        t_new = x.size(1)
+        t_total = t_new + (0 if past is None else past[0].size(2))
+        # No past: the fused kernel's built-in causal mask. One new token sees everything before it.
+        is_causal = past is None and t_new > 1
+        self_mask = causal_mask(t_new, t_total, x.device) if past is not None and t_new > 1 else None
+        if self.norm_first:
+            h, self_w, kv = self.self_attn(self.norm1(x), self_mask, is_causal, past, need_weights)
+            x = x + self.dropout(h)
+            h, cross_w = self.cross_attn(self.norm2(x), cross_kv, src_mask, need_weights)
+            x = x + self.dropout(h)
+            x = x + self.dropout(self.ffn(self.norm3(x)))
+        else:
+            h, self_w, kv = self.self_attn(x, self_mask, is_causal, past, need_weights)
+            x = self.norm1(x + self.dropout(h))
+            h, cross_w = self.cross_attn(x, cross_kv, src_mask, need_weights)
+            x = self.norm2(x + self.dropout(h))
+            x = self.norm3(x + self.dropout(self.ffn(x)))
+        return x, kv, self_w, cross_w
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The model.
+# ---------------------------------------------------------------------------------------------------------
+
+
+class Encoded(NamedTuple):
+    """What the encoder hands the decoder."""
+
+    memory: Tensor  # (B, S, D)
+    src_mask: Tensor  # (B, 1, 1, S)
+    attention: list[Tensor] | None = None  # per layer (B, H, S, S)
+
+
+class DecoderOutput(NamedTuple):
+    """Logits for the new target positions, the updated cache, and attention weights when asked for."""
+
+    logits: Tensor  # (B, T, V)
+    cache: DecoderCache | None
+    self_attention: list[Tensor] | None = None  # per layer (B, H, T, T_total)
+    cross_attention: list[Tensor] | None = None  # per layer (B, H, T, S)
+
+
+class Embedding(nn.Module):
+    """Token embedding scaled by sqrt(d_model) (3.4) plus positional encoding (3.5), then dropout."""
+
+    def __init__(self, cfg: ModelConfig, vocab_size: int, tokens: nn.Embedding | None = None):
+        super().__init__()
+        self.scale = math.sqrt(cfg.d_model)
+        self.max_positions = cfg.max_positions
+        self.tokens = tokens if tokens is not None else nn.Embedding(vocab_size, cfg.d_model)
+        if cfg.positional == "learned":
+            self.positions = nn.Embedding(cfg.max_positions, cfg.d_model)
+        else:
+            self.positions = None
+            # Not persistent: a formula, not a weight; it never goes into a checkpoint.
+            self.register_buffer("table", sinusoidal_table(cfg.max_positions, cfg.d_model), persistent=False)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, ids: Tensor, start: int = 0) -> Tensor:
+        """(B, T) ids at positions start..start+T-1 -> (B, T, D)."""
+        end = start + ids.size(1)
+        if end > self.max_positions:
+            raise ValueError(f"sequence of {end} positions exceeds max_positions={self.max_positions}")
+        if self.positions is not None:
+            pos = self.positions.weight[start:end]
+        else:
+            pos = self.table[start:end]
+        return self.dropout(self.tokens(ids) * self.scale + pos)  # (B, T, D)
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder Transformer: `model(src, tgt)` gives next-token logits (B, T, V) for every position."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.src_embed = Embedding(cfg, cfg.src_vocab_size)
+        shared = self.src_embed.tokens if cfg.share_embeddings else None
+        self.tgt_embed = Embedding(cfg, cfg.tgt_vocab_size, tokens=shared)
+        self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers))
+        self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_decoder_layers))
+        # Pre-norm leaves the residual stream unnormalized, so each stack ends with a LayerNorm.
+        self.encoder_norm = LayerNorm(cfg.d_model, cfg.layer_norm_eps) if cfg.norm_first else nn.Identity()
+        self.decoder_norm = LayerNorm(cfg.d_model, cfg.layer_norm_eps) if cfg.norm_first else nn.Identity()
+        self.output = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=False)
+        self.reset_parameters()
+        if cfg.tie_output:  # 3.4: the pre-softmax projection shares the target embedding matrix
+            self.output.weight = self.tgt_embed.tokens.weight
+
+    def reset_parameters(self) -> None:
+        """Xavier-uniform for projection matrices, zero biases; N(0, D^-1/2) embeddings (scaled by sqrt(D))."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                # Fused Q/K/V and K/V projections are initialized as the separate D x D matrices they stand for.
+                for chunk in module.weight.data.split(self.cfg.d_model, dim=0):
+                    nn.init.xavier_uniform_(chunk)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, mean=0.0, std=self.cfg.d_model**-0.5)
+
+    def num_parameters(self) -> int:
+        """Trainable parameters, each shared tensor counted once."""
+        return sum(p.numel() for p in self.parameters())
+
+    def encode(self, src: Tensor, need_weights: bool = False) -> Encoded:
+        """src (B, S) ids -> memory (B, S, D) and the source padding mask."""
+        src_mask = padding_mask(src, self.cfg.pad_id)
+        x = self.src_embed(src)
+        weights = [] if need_weights else None
+        for layer in self.encoder:
+            x, w = layer(x, src_mask, need_weights)
+            if need_weights:
+                weights.append(w)
+        return Encoded(self.encoder_norm(x), src_mask, weights)
+
+    def init_cache(self, enc: Encoded) -> DecoderCache:
+        """An empty decoder cache with every layer's cross-attention keys/values computed from the memory."""
+        b, _, d = enc.memory.shape
+        h = self.cfg.n_heads
+        empty = enc.memory.new_zeros(b, h, 0, d // h)  # (B, H, 0, K)
+        layers = tuple(LayerCache(empty, empty, *layer.cross_attn.memory_kv(enc.memory)) for layer in self.decoder)
+        return DecoderCache(layers, 0)
+
+    def decode(
+        self, tgt: Tensor, enc: Encoded, cache: DecoderCache | None = None, need_weights: bool = False
+    ) -> DecoderOutput:
+        """tgt (B, T) ids -> logits (B, T, V). With a cache, tgt holds only the new tokens after cache.length."""
+        start = 0 if cache is None else cache.length
+        x = self.tgt_embed(tgt, start)
+        new_layers = []
+        self_ws, cross_ws = ([], []) if need_weights else (None, None)
+        for i, layer in enumerate(self.decoder):
+            if cache is None:
+                past, cross_kv = None, layer.cross_attn.memory_kv(enc.memory)
+            else:
+                c = cache.layers[i]
+                past, cross_kv = (c.self_k, c.self_v), (c.cross_k, c.cross_v)
+            x, (k, v), self_w, cross_w = layer(x, cross_kv, enc.src_mask, past, need_weights)
+            if cache is not None:
+                new_layers.append(LayerCache(k, v, *cross_kv))
+            if need_weights:
+                self_ws.append(self_w)
+                cross_ws.append(cross_w)
+        logits = self.output(self.decoder_norm(x))  # (B, T, V)
+        new_cache = None if cache is None else DecoderCache(tuple(new_layers), start + tgt.size(1))
+        return DecoderOutput(logits, new_cache, self_ws, cross_ws)
+
+    def forward(self, src: Tensor, tgt: Tensor, need_weights: bool = False):
+        """Teacher-forced logits (B, T, V); with need_weights, also a dict of per-layer attention weights."""
+        enc = self.encode(src, need_weights)
+        out = self.decode(tgt, enc, need_weights=need_weights)
+        if not need_weights:
+            return out.logits
+        return out.logits, {"encoder": enc.attention, "decoder": out.self_attention, "cross": out.cross_attention}
