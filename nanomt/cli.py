@@ -1,2 +1,241 @@
-def main() -> None:
-    """Entry point."""
+"""The `nanomt` command line; the only module that turns strings into configs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from nanomt.config import ConfigError
+
+log = logging.getLogger("nanomt")
+
+
+def cmd_train(args: argparse.Namespace) -> None:
+    from nanomt.train import train_from_file
+
+    run_dir = train_from_file(args.config, args.run_dir, args.set or [])
+    print(f"run directory: {run_dir}")
+
+
+def _open_out(path: str | None):
+    return open(path, "w", encoding="utf-8") if path else sys.stdout
+
+
+def cmd_translate(args: argparse.Namespace) -> None:
+    from nanomt.evaluate import read_lines
+    from nanomt.translate import Translator
+
+    translator = Translator.from_checkpoint(args.checkpoint, device=args.device)
+    lines = read_lines(args.input) if args.input else [line.rstrip("\r\n") for line in sys.stdin]
+    progress = bool(args.input) and sys.stderr.isatty()
+    kwargs = {"beam_size": args.beam, "max_tokens": args.max_tokens, "progress": progress}
+    if args.length_penalty is not None:
+        kwargs["length_penalty"] = args.length_penalty
+    out = _open_out(args.output)
+    try:
+        if args.n_best > 1:
+            # K lines per input sentence: index, score, translation (tab-separated), best first.
+            for i, hyps in enumerate(translator.translate_n_best(lines, args.n_best, **kwargs)):
+                for text, score in hyps:
+                    out.write(f"{i}\t{score:.4f}\t{text}\n")
+        else:
+            for text in translator.translate(lines, **kwargs):
+                out.write(text + "\n")
+    finally:
+        if out is not sys.stdout:
+            out.close()
+
+
+def cmd_evaluate(args: argparse.Namespace) -> None:
+    from nanomt.evaluate import evaluate
+    from nanomt.translate import Translator
+
+    translator = Translator.from_checkpoint(args.checkpoint, device=args.device)
+    report = evaluate(
+        translator,
+        args.src,
+        args.ref,
+        beam_size=args.beam,
+        save_hyp=args.save_hyp,
+        progress=sys.stderr.isatty() and not args.json,
+    )
+    if args.json:
+        print(json.dumps(report))
+        return
+    print(f"BLEU = {report['bleu']:.2f}  ({report['bleu_signature']})")
+    print(f"chrF = {report['chrf']:.2f}  ({report['chrf_signature']})")
+    print(
+        f"{report['sentences']} sentences in {report['seconds']:.1f} s "
+        f"({report['sentences_per_s']:.1f} sentences/s, {report['tokens_per_s']:.0f} tokens/s)"
+    )
+
+
+def cmd_average(args: argparse.Namespace) -> None:
+    from nanomt.checkpoint import CheckpointError, average_checkpoints, step_dirs
+
+    paths = list(args.checkpoints)
+    if args.last:
+        if len(paths) != 1:
+            raise CheckpointError("--last N takes exactly one run directory")
+        steps = step_dirs(paths[0])
+        if not steps:
+            raise CheckpointError(f"{paths[0]}: no checkpoints/step_N directories")
+        paths = [p for _, p in steps[-args.last :]]
+    out = average_checkpoints(paths, args.out)
+    print(f"averaged {len(paths)} checkpoints ({', '.join(Path(p).name for p in paths)}) into {out}")
+
+
+def cmd_plot(args: argparse.Namespace) -> None:
+    from nanomt import plots
+
+    if args.what == "positions":
+        path = plots.plot_positions(args.output, d_model=args.d_model, n_positions=args.positions)
+    elif args.what == "curves":
+        path = plots.plot_curves(Path(args.run_dir) / "metrics.jsonl", args.output)
+    else:
+        path = plot_attention_cmd(args)
+    print(path)
+
+
+def plot_attention_cmd(args: argparse.Namespace) -> Path:
+    """Heatmaps of one sentence's attention: every head of a layer, or one head."""
+    from nanomt import plots
+    from nanomt.translate import Translator
+
+    translator = Translator.from_checkpoint(args.checkpoint, device=args.device)
+    att = translator.attention(args.sentence, beam_size=args.beam)
+    layers = getattr(att, args.kind)
+    if not layers:
+        raise ValueError(f"the model has no {args.kind} attention layers")
+    layer = args.layer if args.layer >= 0 else len(layers) + args.layer
+    if not 0 <= layer < len(layers):
+        raise ValueError(f"--layer {args.layer} is out of range: the model has {len(layers)} layers")
+    weights = layers[layer]  # (H, Tq, Tk)
+    rows, cols = {
+        "cross": (att.tgt_tokens, att.src_tokens),
+        "encoder": (att.src_tokens, att.src_tokens),
+        "decoder": (att.tgt_tokens, ["<s>"] + att.tgt_tokens[:-1]),
+    }[args.kind]
+    heads = list(range(weights.shape[0]))
+    if args.head is not None:
+        if not 0 <= args.head < len(heads):
+            raise ValueError(f"--head {args.head} is out of range: the model has {len(heads)} heads")
+        heads = [args.head]
+    title = f"{args.kind} attention, layer {layer}: {args.sentence!r} -> {att.translation!r}"
+    return plots.plot_attention(
+        args.output, cols, rows, weights[heads], title=title, head_titles=[f"head {h}" for h in heads]
+    )
+
+
+def cmd_synth(args: argparse.Namespace) -> None:
+    from nanomt.synthetic import write_corpus
+
+    paths = write_corpus(args.out_dir, pairs=args.pairs, seed=args.seed)
+    print("\n".join(str(p) for p in paths.values()))
+
+
+def cmd_demo(args: argparse.Namespace) -> None:
+    from nanomt.demo import run_demo
+
+    run_demo(Path(args.out), steps=args.steps, pairs=args.pairs)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="nanomt", description="The original Transformer for machine translation.")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    s = sub.add_parser("train", help="train (or resume) a model from a YAML config")
+    s.add_argument("config", help="YAML config, e.g. configs/demo.yaml")
+    s.add_argument("--run-dir", help="run directory (default runs/<config name>); re-running resumes")
+    s.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override a config key")
+    s.set_defaults(func=cmd_train)
+
+    s = sub.add_parser("translate", help="translate one sentence a line (stdin to stdout by default)")
+    s.add_argument("checkpoint")
+    s.add_argument("--input", "-i", help="input file (default stdin)")
+    s.add_argument("--output", "-o", help="output file (default stdout)")
+    s.add_argument("--beam", type=int, default=None, help="beam size (default: the checkpoint's decode.beam_size)")
+    s.add_argument("--n-best", type=int, default=1, help="print the K best: 'index<TAB>score<TAB>text' lines")
+    s.add_argument("--length-penalty", type=float, default=None)
+    s.add_argument("--max-tokens", type=int, default=None, help="source tokens per batch")
+    s.add_argument("--device", default="cpu")
+    s.set_defaults(func=cmd_translate)
+
+    s = sub.add_parser("evaluate", help="sacreBLEU BLEU and chrF of a checkpoint on a test set")
+    s.add_argument("checkpoint")
+    s.add_argument("--src", required=True)
+    s.add_argument("--ref", required=True)
+    s.add_argument("--beam", type=int, default=None)
+    s.add_argument("--save-hyp", help="write the translations to this file")
+    s.add_argument("--json", action="store_true", help="print one JSON object")
+    s.add_argument("--device", default="cpu")
+    s.set_defaults(func=cmd_evaluate)
+
+    s = sub.add_parser("average", help="average checkpoints into a complete checkpoint directory")
+    s.add_argument("checkpoints", nargs="+", help="checkpoint dirs, or one run dir with --last N")
+    s.add_argument("--last", type=int, default=0, help="average the last N checkpoints of a run dir")
+    s.add_argument("--out", required=True)
+    s.set_defaults(func=cmd_average)
+
+    s = sub.add_parser("plot", help="attention heatmaps, positional-encoding curves, training curves")
+    plot_sub = s.add_subparsers(dest="what", required=True, metavar="WHAT")
+    a = plot_sub.add_parser("attention", help="attention heatmaps of one sentence")
+    a.add_argument("checkpoint")
+    a.add_argument("sentence")
+    a.add_argument("--layer", type=int, default=-1, help="layer index (default: the last)")
+    a.add_argument("--head", type=int, default=None, help="one head (default: a grid of every head)")
+    a.add_argument("--kind", choices=["cross", "encoder", "decoder"], default="cross")
+    a.add_argument("--beam", type=int, default=1)
+    a.add_argument("--device", default="cpu")
+    a.add_argument("-o", "--output", default="attention.png")
+    a = plot_sub.add_parser("positions", help="sinusoidal positional-encoding curves and table")
+    a.add_argument("--d-model", type=int, default=128)
+    a.add_argument("--positions", type=int, default=100)
+    a.add_argument("-o", "--output", default="positions.png")
+    a = plot_sub.add_parser("curves", help="training curves from a run directory's metrics.jsonl")
+    a.add_argument("run_dir")
+    a.add_argument("-o", "--output", default="curves.png")
+    s.set_defaults(func=cmd_plot)
+
+    s = sub.add_parser("synth", help="write the built-in toy language pair as text files")
+    s.add_argument("out_dir")
+    s.add_argument("--pairs", type=int, default=20000, help="training pairs")
+    s.add_argument("--seed", type=int, default=0)
+    s.set_defaults(func=cmd_synth)
+
+    s = sub.add_parser("demo", help="train on the toy language pair and show translations and attention")
+    s.add_argument("--out", default="runs/demo", help="where the data, run and pictures go")
+    s.add_argument("--steps", type=int, default=None, help="training steps (default: configs/demo.yaml)")
+    s.add_argument("--pairs", type=int, default=None, help="training pairs (default: the demo's)")
+    s.set_defaults(func=cmd_demo)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the `nanomt` command."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(message)s")
+    logging.getLogger("nanomt").setLevel(logging.DEBUG if args.verbose else logging.INFO)
+    from nanomt.checkpoint import CheckpointError
+    from nanomt.data import CorpusError
+    from nanomt.train import TrainingError
+
+    try:
+        args.func(args)
+    except (ConfigError, CorpusError, CheckpointError, TrainingError, FileNotFoundError, ValueError) as e:
+        if args.verbose:
+            raise
+        print(f"nanomt: error: {e}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except BrokenPipeError:  # `nanomt translate ... | head`
+        sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -62,6 +62,11 @@ def attention(
     need_weights: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """3.2.1: softmax(Q K^T / sqrt(K)) V on (B, H, T, K) tensors; the weights only when asked for."""
+    if is_causal and (mask is not None or q.size(-2) != k.size(-2)):
+        # SDPA's own causal mask is aligned top-left when Tq != Tk; ours aligns the last query with the
+        # last key (cached decoding) and is combined with `mask` rather than replacing it.
+        causal = causal_mask(q.size(-2), k.size(-2), device=q.device)
+        mask, is_causal = (causal if mask is None else mask & causal), False
     if not need_weights:
         # Fused kernel: same numbers, no (T, S) weight matrix kept for backward.
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
@@ -405,4 +410,8 @@ class Transformer(nn.Module):
         out = self.decode(tgt, enc, need_weights=need_weights)
         if not need_weights:
             return out.logits
-        return out.logits, {"encoder": enc.attention, "decoder": out.self_attention, "cross": out.cross_attention}
+        return out.logits, {
+            "encoder": enc.attention,
+            "decoder": out.self_attention,
+            "cross": out.cross_attention,
+        }

@@ -1,0 +1,185 @@
+"""Checkpoint directories: safetensors weights + YAML config + tokenizer + trainer state, written atomically."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from nanomt.config import Config, ConfigError, load_config, save_config
+from nanomt.model import Transformer
+from nanomt.tokenizer import Tokenizer
+
+WEIGHTS = "model.safetensors"
+CONFIG = "config.yaml"
+TOKENIZER = "tokenizer"
+TRAINER_STATE = "trainer.pt"
+STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory that is missing pieces or does not fit its config."""
+
+
+def _atomic_replace(tmp: Path, final: Path) -> None:
+    """Rename tmp over final; a crash leaves either the old or the new file, never half of one."""
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, final)
+
+
+def model_state(model: Transformer) -> dict[str, torch.Tensor]:
+    """The model's tensors, each shared (tied) tensor stored once, contiguous, on the CPU."""
+    state, seen = {}, set()
+    for name, tensor in model.state_dict().items():
+        if tensor.data_ptr() in seen:  # tied output projection / shared embeddings
+            continue
+        seen.add(tensor.data_ptr())
+        state[name] = tensor.detach().to("cpu").contiguous()
+    return state
+
+
+def save_weights(model_or_state: Transformer | dict[str, torch.Tensor], path: str | Path) -> None:
+    """Write weights as safetensors through a temporary file."""
+    state = model_or_state if isinstance(model_or_state, dict) else model_state(model_or_state)
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(state, str(tmp))
+    _atomic_replace(tmp, path)
+
+
+def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """Read a safetensors file, with a clear error if it is missing or damaged."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"weights file not found: {path}")
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError) as e:
+        raise CheckpointError(f"{path}: cannot read weights: {e}") from None
+
+
+def load_weights(model: Transformer, path: str | Path) -> None:
+    """Load safetensors weights into `model`; a vocabulary or shape mismatch is a clear error."""
+    state = read_weights(path)
+    own = model.state_dict()
+    for name, tensor in state.items():
+        if name in own and own[name].shape != tensor.shape:
+            raise CheckpointError(
+                f"{path}: {name} has shape {tuple(tensor.shape)}, the model expects {tuple(own[name].shape)} "
+                "(a checkpoint from another vocabulary or model size?)"
+            )
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    # Tied tensors are stored once; their aliases are filled by the load of the tensor they share.
+    tied = {n for n in missing if own[n].data_ptr() in {own[m].data_ptr() for m in state}}
+    if set(missing) - tied or unexpected:
+        raise CheckpointError(
+            f"{path}: weights do not fit the config (missing {sorted(set(missing) - tied)}, "
+            f"unexpected {sorted(unexpected)})"
+        )
+
+
+def find_run_files(path: str | Path) -> tuple[Path, Path]:
+    """Config file and tokenizer dir of a checkpoint: in `path`, or in the run dir above checkpoints/step_N."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint directory not found: {path}")
+    for root in (path, path.parent.parent):
+        if (root / CONFIG).is_file() and (root / TOKENIZER).is_dir():
+            return root / CONFIG, root / TOKENIZER
+    raise CheckpointError(f"{path}: not a checkpoint (needs {CONFIG}, {TOKENIZER}/ and {WEIGHTS})")
+
+
+def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> tuple[Transformer, Config, Tokenizer]:
+    """Model (eval mode), config and tokenizer from any checkpoint directory."""
+    config_path, tokenizer_dir = find_run_files(path)
+    try:
+        cfg = load_config(config_path)
+    except ConfigError as e:
+        raise CheckpointError(f"{config_path}: {e}") from None
+    tokenizer = Tokenizer.load(tokenizer_dir)
+    if (tokenizer.src_vocab_size, tokenizer.tgt_vocab_size) != (
+        cfg.model.src_vocab_size,
+        cfg.model.tgt_vocab_size,
+    ):
+        raise CheckpointError(
+            f"{path}: tokenizer vocabulary ({tokenizer.src_vocab_size}/{tokenizer.tgt_vocab_size}) does not match "
+            f"the model ({cfg.model.src_vocab_size}/{cfg.model.tgt_vocab_size})"
+        )
+    model = Transformer(cfg.model)
+    load_weights(model, Path(path) / WEIGHTS)
+    return model.to(device).eval(), cfg, tokenizer
+
+
+def write_checkpoint_dir(out: str | Path, cfg: Config, tokenizer_dir: Path, state: dict[str, torch.Tensor]) -> Path:
+    """A complete, self-contained checkpoint directory (config, tokenizer, weights)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, out / CONFIG)
+    if (out / TOKENIZER).resolve() != tokenizer_dir.resolve():
+        shutil.copytree(tokenizer_dir, out / TOKENIZER, dirs_exist_ok=True)
+    save_weights(state, out / WEIGHTS)
+    return out
+
+
+def step_dirs(run_dir: str | Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints/step_N directories of a run, oldest first."""
+    root = Path(run_dir) / "checkpoints"
+    found = []
+    if root.is_dir():
+        for d in root.iterdir():
+            m = STEP_DIR.match(d.name)
+            if m and (d / WEIGHTS).is_file() and (d / TRAINER_STATE).is_file():
+                found.append((int(m.group(1)), d))
+    return sorted(found)
+
+
+def save_training_checkpoint(run_dir: Path, step: int, model: Transformer, trainer_state: dict, keep_last: int) -> Path:
+    """Write checkpoints/step_N under a temporary name, rename it into place, then prune old ones."""
+    root = run_dir / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step_{step}"
+    tmp = root / f".tmp_step_{step}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    save_weights(model, tmp / WEIGHTS)
+    torch.save(trainer_state, tmp / TRAINER_STATE)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    for _, old in step_dirs(run_dir)[:-keep_last] if keep_last > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def load_trainer_state(step_dir: Path) -> dict:
+    """Trainer state saved by save_training_checkpoint; never unpickles arbitrary objects."""
+    return torch.load(step_dir / TRAINER_STATE, map_location="cpu", weights_only=True)
+
+
+def average_checkpoints(paths: list[str | Path], out: str | Path) -> Path:
+    """Average the weights of several checkpoints of one model (as the paper does) into a new checkpoint dir."""
+    if not paths:
+        raise CheckpointError("no checkpoints to average")
+    paths = [Path(p) for p in paths]
+    config_path, tokenizer_dir = find_run_files(paths[0])
+    cfg = load_config(config_path)
+    for p in paths[1:]:
+        other = load_config(find_run_files(p)[0])
+        if other.model != cfg.model:
+            raise CheckpointError(f"{p} has another model config than {paths[0]}; cannot average them")
+    total: dict[str, torch.Tensor] = {}
+    for p in paths:
+        state = read_weights(p / WEIGHTS)
+        if total and state.keys() != total.keys():
+            raise CheckpointError(f"{p} holds other tensors than {paths[0]}")
+        for name, tensor in state.items():
+            total[name] = total[name] + tensor.double() if name in total else tensor.double()
+    ref = read_weights(paths[0] / WEIGHTS)
+    averaged = {name: (t / len(paths)).to(ref[name].dtype) for name, t in total.items()}
+    return write_checkpoint_dir(out, cfg, tokenizer_dir, averaged)

@@ -1,0 +1,179 @@
+"""Train and load SentencePiece subword models: one shared by both languages, or one per language."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import itertools
+import os
+import re
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import sentencepiece as spm
+
+from .config import DataConfig
+
+# Fixed special ids, the same in every model, so the model and the data agree without looking them up.
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+
+SHARED_FILE, SRC_FILE, TGT_FILE = "spm.model", "src.model", "tgt.model"
+# SentencePiece keeps at most this many (randomly sampled) sentences in memory while training.
+MAX_TRAIN_SENTENCES = 2_000_000
+SEED = 1
+
+
+class Tokenizer:
+    """One shared SentencePiece model, or one per language."""
+
+    def __init__(self, src_model: bytes, tgt_model: bytes | None = None):
+        """`tgt_model=None` means the source model is shared by both sides."""
+        self._src_bytes = src_model
+        self._tgt_bytes = tgt_model
+        self._src = spm.SentencePieceProcessor(model_proto=src_model)
+        self._tgt = self._src if tgt_model is None else spm.SentencePieceProcessor(model_proto=tgt_model)
+        for sp in (self._src, self._tgt):
+            ids = (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id())
+            if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
+                raise ValueError(f"SentencePiece model has special ids {ids}, expected (0, 1, 2, 3)")
+
+    @property
+    def shared(self) -> bool:
+        """True when both languages use the same model (and vocabulary)."""
+        return self._tgt_bytes is None
+
+    @property
+    def src_vocab_size(self) -> int:
+        return self._src.get_piece_size()
+
+    @property
+    def tgt_vocab_size(self) -> int:
+        return self._tgt.get_piece_size()
+
+    def encode_src(self, texts: list[str]) -> list[list[int]]:
+        """Source sentences to ids, without BOS/EOS."""
+        return self._src.encode(list(texts), out_type=int, num_threads=_threads())
+
+    def encode_tgt(self, texts: list[str]) -> list[list[int]]:
+        """Target sentences to ids, without BOS/EOS."""
+        return self._tgt.encode(list(texts), out_type=int, num_threads=_threads())
+
+    def decode_tgt(self, ids: list[list[int]]) -> list[str]:
+        """Target ids to text; PAD/BOS/EOS are skipped."""
+        special = (PAD_ID, BOS_ID, EOS_ID)
+        return [self._tgt.decode([i for i in map(int, seq) if i not in special]) for seq in ids]
+
+    def src_pieces(self, ids: list[int]) -> list[str]:
+        """Source ids to their subword strings (for attention plots)."""
+        return [self._src.id_to_piece(int(i)) for i in ids]
+
+    def tgt_pieces(self, ids: list[int]) -> list[str]:
+        """Target ids to their subword strings (for attention plots)."""
+        return [self._tgt.id_to_piece(int(i)) for i in ids]
+
+    def fingerprint(self) -> str:
+        """sha256 of the model file(s): a cache key that changes whenever the vocabulary does."""
+        parts = [self._src_bytes] if self.shared else [self._src_bytes, self._tgt_bytes]
+        return hashlib.sha256("".join(hashlib.sha256(p).hexdigest() for p in parts).encode()).hexdigest()
+
+    def save(self, directory: str | Path) -> None:
+        """Write spm.model (shared) or src.model + tgt.model (each with a readable .vocab) to directory."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        models = [(SHARED_FILE, self._src_bytes, self._src)]
+        if not self.shared:
+            models = [(SRC_FILE, self._src_bytes, self._src), (TGT_FILE, self._tgt_bytes, self._tgt)]
+        for name, data, sp in models:
+            vocab = "".join(f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n" for i in range(sp.get_piece_size()))
+            _write_atomic(directory / Path(name).with_suffix(".vocab").name, vocab.encode("utf-8"))
+            _write_atomic(directory / name, data)
+        _remove_other_kind(directory, self.shared)
+
+    @classmethod
+    def load(cls, directory: str | Path) -> Tokenizer:
+        """Load spm.model (shared) or src.model + tgt.model from `directory`."""
+        directory = Path(directory)
+        shared = directory / SHARED_FILE
+        src, tgt = directory / SRC_FILE, directory / TGT_FILE
+        if shared.is_file() and (src.is_file() or tgt.is_file()):
+            raise ValueError(f"{directory}: holds both {SHARED_FILE} and {SRC_FILE}/{TGT_FILE}; keep one")
+        if shared.is_file():
+            return cls(shared.read_bytes())
+        if src.is_file() and tgt.is_file():
+            return cls(src.read_bytes(), tgt.read_bytes())
+        raise FileNotFoundError(
+            f"{directory}: no tokenizer found (expected {SHARED_FILE}, or {SRC_FILE} and {TGT_FILE})"
+        )
+
+
+def _threads() -> int:
+    return os.cpu_count() or 1
+
+
+def _remove_other_kind(directory: Path, shared: bool) -> None:
+    """Delete stale model files of the other layout, so `load` is never ambiguous."""
+    stale = (SRC_FILE, TGT_FILE) if shared else (SHARED_FILE,)
+    for name in stale:
+        for path in (directory / name, (directory / name).with_suffix(".vocab")):
+            path.unlink(missing_ok=True)
+
+
+def _nonempty(sentences: Iterable[str]) -> Iterator[str]:
+    return (s for s in sentences if s and not s.isspace())
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Write to a temporary name and rename, so a crash never leaves a half-written file."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def _train_one(sentences: Iterator[str], cfg: DataConfig) -> bytes:
+    """Train one SentencePiece model and return its serialized bytes."""
+    first = next(sentences, None)
+    if first is None:
+        raise ValueError("no sentences to train the tokenizer on")
+    # SentencePiece samples with its own RNG; a fixed seed makes the vocabulary reproducible.
+    spm.set_random_generator_seed(SEED)
+    # Written to memory, not to a model_prefix: the prefix would be stored in the model and change its hash.
+    model = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=itertools.chain([first], sentences),
+            model_writer=model,
+            model_type=cfg.tokenizer,
+            vocab_size=cfg.vocab_size,
+            character_coverage=cfg.character_coverage,
+            pad_id=PAD_ID,
+            unk_id=UNK_ID,
+            bos_id=BOS_ID,
+            eos_id=EOS_ID,
+            # Reservoir-sample at most this many sentences, so memory stays bounded on big corpora.
+            input_sentence_size=MAX_TRAIN_SENTENCES,
+            shuffle_input_sentence=True,
+            num_threads=_threads(),
+            minloglevel=2,
+        )
+    except RuntimeError as e:
+        limit = re.search(r"value <= (\d+)", str(e))
+        if limit:
+            raise ValueError(
+                f"vocab_size {cfg.vocab_size} is too large for this corpus; "
+                f"SentencePiece can make at most {limit.group(1)} (set data.vocab_size lower)"
+            ) from None
+        raise ValueError(f"SentencePiece training failed: {str(e).splitlines()[0]}") from None
+    return model.getvalue()
+
+
+def train_tokenizer(
+    src_sentences: Iterable[str], tgt_sentences: Iterable[str], out_dir: str | Path, cfg: DataConfig
+) -> Tokenizer:
+    """Train SentencePiece on the corpus and write spm.model (shared) or src.model + tgt.model to out_dir."""
+    if cfg.shared_vocab:
+        tokenizer = Tokenizer(_train_one(_nonempty(itertools.chain(src_sentences, tgt_sentences)), cfg))
+    else:
+        src = _train_one(_nonempty(src_sentences), cfg)
+        tokenizer = Tokenizer(src, _train_one(_nonempty(tgt_sentences), cfg))
+    tokenizer.save(out_dir)
+    return tokenizer

@@ -1,0 +1,514 @@
+"""Training: label-smoothed loss, inverse-sqrt schedule, the loop with evaluation, checkpoints and exact resume."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import math
+import os
+import random
+import signal
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from nanomt import checkpoint as ckpt
+from nanomt.config import Config, SplitConfig, TrainConfig, config_from_dict, load_config, save_config, to_dict
+from nanomt.data import (
+    Batch,
+    Corpus,
+    binarize,
+    check_split,
+    collate,
+    make_batches,
+    padding_fraction,
+    shard,
+    split_pairs,
+)
+from nanomt.decode import greedy
+from nanomt.metrics import bleu
+from nanomt.model import Transformer
+from nanomt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, train_tokenizer
+
+log = logging.getLogger("nanomt")
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on (a non-finite loss, a run directory from another config)."""
+
+
+def lr_at(step: int, cfg: TrainConfig, d_model: int) -> float:
+    """Learning rate for 1-based `step`: linear warmup, then decay with the inverse square root of the step."""
+    step = max(step, 1)
+    warmup = max(cfg.warmup_steps, 1)
+    if cfg.schedule == "noam":  # 5.3: lrate = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5), scaled by lr
+        return cfg.lr * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
+    if step < warmup:  # fairseq's inverse_sqrt: the same curve, with lr as its peak
+        return cfg.lr * step / warmup
+    return cfg.lr * math.sqrt(warmup / step)
+
+
+def label_smoothed_loss(logits: torch.Tensor, target: torch.Tensor, smoothing: float, pad_id: int) -> torch.Tensor:
+    """Summed cross-entropy with label smoothing (Szegedy et al., 2016), padding positions ignored."""
+    return F.cross_entropy(
+        logits.reshape(-1, logits.size(-1)).float(),  # (B*T, V)
+        target.reshape(-1),  # (B*T,)
+        ignore_index=pad_id,
+        label_smoothing=smoothing,
+        reduction="sum",
+    )
+
+
+def pick_device(name: str) -> torch.device:
+    """`auto` is CUDA when present, else the CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise TrainingError(f"train.device={name} but CUDA is not available")
+    return torch.device(name)
+
+
+def autocast(precision: str, device: torch.device):
+    """Mixed-precision context for the forward pass; the caller owns it, the model knows nothing of it."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    if precision == "fp16" and device.type != "cuda":
+        raise TrainingError("train.precision=fp16 needs CUDA; use bf16 on the CPU")
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device.type, dtype=dtype)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# RNG and trainer state.
+# ---------------------------------------------------------------------------------------------------------
+
+
+def rng_state() -> dict:
+    """Python, NumPy and torch RNG states as plain tensors/ints (loadable with weights_only=True)."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": {
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": pos,
+            "has_gauss": has_gauss,
+            "gauss": gauss,
+        },
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    """Restore what rng_state saved."""
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    n = state["numpy"]
+    np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def seed_everything(seed: int) -> None:
+    """Seed every RNG a run touches."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Setup: run directory, tokenizer, binarized data, model.
+# ---------------------------------------------------------------------------------------------------------
+
+
+def has_split(cfg: Config, name: str) -> bool:
+    """Whether the config names data for a split."""
+    return cfg.data.hf is not None or getattr(cfg.data, name) != SplitConfig()
+
+
+def prepare_run_dir(cfg: Config, run_dir: Path) -> tuple[Config, Tokenizer]:
+    """Validate the corpus, train or load the tokenizer, fix vocabulary sizes in the config, save config.yaml."""
+    if cfg.data.hf is None:
+        check_split(cfg.data.train, "train")
+        if has_split(cfg, "valid"):
+            check_split(cfg.data.valid, "valid")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tok_dir = run_dir / ckpt.TOKENIZER
+    if any(tok_dir.glob("*.model")):
+        tokenizer = Tokenizer.load(tok_dir)
+    else:
+        log.info("training a %s tokenizer (vocab %d) on the training data", cfg.data.tokenizer, cfg.data.vocab_size)
+        tokenizer = train_tokenizer(
+            (s for s, _ in split_pairs(cfg.data, "train")),
+            (t for _, t in split_pairs(cfg.data, "train")),
+            tok_dir,
+            cfg.data,
+        )
+    model_cfg = dataclasses.replace(
+        cfg.model,
+        src_vocab_size=tokenizer.src_vocab_size,
+        tgt_vocab_size=tokenizer.tgt_vocab_size,
+        pad_id=PAD_ID,
+    )
+    cfg = dataclasses.replace(cfg, model=model_cfg)
+    saved = run_dir / ckpt.CONFIG
+    if saved.is_file() and ckpt.step_dirs(run_dir):
+        old = load_config(saved)
+        for section in ("model", "data"):
+            a, b = to_dict(getattr(old, section)), to_dict(getattr(cfg, section))
+            diff = [k for k in a if a[k] != b.get(k)]
+            if diff:
+                raise TrainingError(
+                    f"{run_dir} holds a run with another {section} config ({section}.{diff[0]}: "
+                    f"{a[diff[0]]!r} there, {b[diff[0]]!r} now); use another --run-dir"
+                )
+    save_config(cfg, saved)
+    return cfg, tokenizer
+
+
+def valid_set(cfg: Config, tokenizer: Tokenizer, cache: Path) -> tuple[Corpus, list[str], list[str]] | None:
+    """Binarized validation corpus and the raw text of the sentences used for BLEU."""
+    if not has_split(cfg, "valid"):
+        return None
+    corpus = binarize(cfg.data, "valid", tokenizer, cache, max_len=cfg.model.max_positions - 1)
+    n = cfg.train.valid_bleu_sentences
+    srcs, refs = [], []
+    for src, tgt in split_pairs(cfg.data, "valid"):
+        if n is not None and len(srcs) >= n:
+            break
+        if src.strip() and tgt.strip():
+            srcs.append(src)
+            refs.append(tgt)
+    return corpus, srcs, refs
+
+
+@torch.no_grad()
+def evaluate_loss(model, corpus: Corpus, cfg: Config, device: torch.device) -> float:
+    """Label-smoothed loss per target token on a corpus."""
+    total, tokens = 0.0, 0
+    for idx in make_batches(corpus.src_lens, corpus.tgt_lens, cfg.train.max_tokens, 0, 0, shuffle=False):
+        batch = collate(corpus, idx).to(device)
+        with autocast(cfg.train.precision, device):
+            logits = model(batch.src, batch.tgt_in)
+        total += label_smoothed_loss(logits, batch.tgt_out, cfg.train.label_smoothing, PAD_ID).item()
+        tokens += batch.n_tgt_tokens
+    return total / max(tokens, 1)
+
+
+@torch.no_grad()
+def greedy_translate(model, tokenizer: Tokenizer, sentences: list[str], cfg: Config, device) -> list[str]:
+    """Greedy translations in token-budget batches, in input order (used for validation BLEU)."""
+    limit = cfg.model.max_positions - 1
+    ids = [s[: limit - 1] + [EOS_ID] for s in tokenizer.encode_src(sentences)]
+    lens = np.array([len(s) for s in ids])
+    out: list[list[int]] = [[] for _ in ids]
+    for idx in make_batches(lens, lens, cfg.train.max_tokens, 0, 0, shuffle=False):
+        src = torch.full((len(idx), int(lens[idx].max())), PAD_ID, dtype=torch.long)
+        for row, i in enumerate(idx):
+            src[row, : lens[i]] = torch.tensor(ids[i])
+        max_len = lambda n: min(int(cfg.decode.max_len_a * n + cfg.decode.max_len_b), limit)  # noqa: E731
+        with autocast(cfg.train.precision, device):
+            hyps = greedy(model, src.to(device), max_len, bos_id=BOS_ID, eos_id=EOS_ID)
+        for i, h in zip(idx, hyps):
+            out[i] = h
+    return tokenizer.decode_tgt(out)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The loop.
+# ---------------------------------------------------------------------------------------------------------
+
+
+class MetricsLog:
+    """Appends one JSON object per line to metrics.jsonl (rank 0 only), optionally mirrored to TensorBoard."""
+
+    def __init__(self, path: Path, enabled: bool, resume_step: int, tensorboard: bool):
+        self.path, self.enabled, self.writer = path, enabled, None
+        if not enabled:
+            return
+        if path.is_file():  # rows past the checkpoint belong to the lost part of a killed run
+            rows = [r for r in path.read_text(encoding="utf-8").splitlines() if r.strip()]
+            kept = [r for r in rows if json.loads(r).get("step", 0) <= resume_step]
+            path.write_text("".join(r + "\n" for r in kept), encoding="utf-8")
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                raise TrainingError("train.tensorboard=true needs the tensorboard package") from None
+            self.writer = SummaryWriter(str(path.parent / "tensorboard"))
+
+    def write(self, row: dict) -> None:
+        if not self.enabled:
+            return
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+        if self.writer is not None:
+            for k, v in row.items():
+                if k != "step" and isinstance(v, int | float):
+                    self.writer.add_scalar(k, v, row["step"])
+
+
+def distributed_context() -> tuple[int, int]:
+    """(rank, world size) under torchrun, starting the process group once."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return (dist.get_rank(), world) if world > 1 else (0, 1)
+
+
+def train(cfg: Config, run_dir: str | Path) -> Path:
+    """Train (or resume) a run in `run_dir`; returns the run directory."""
+    run_dir = Path(run_dir)
+    tc = cfg.train
+    rank, world = distributed_context()
+    device = pick_device(tc.device)
+    if world > 1 and device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    torch.set_num_threads(tc.num_threads or max(1, (os.cpu_count() or 1) // world))
+    if rank == 0:
+        cfg, tokenizer = prepare_run_dir(cfg, run_dir)
+    if world > 1:
+        dist.barrier()
+        if rank != 0:
+            cfg, tokenizer = prepare_run_dir_follower(cfg, run_dir)
+    cache = Path(cfg.data.cache_dir) if cfg.data.cache_dir else run_dir / "bin"
+    corpus = binarize(cfg.data, "train", tokenizer, cache, max_len=min(cfg.data.max_len, cfg.model.max_positions - 1))
+    valid = valid_set(cfg, tokenizer, cache) if rank == 0 else None
+    if len(corpus) == 0:
+        raise TrainingError("no training pairs left after filtering")
+
+    seed_everything(tc.seed)
+    model = Transformer(cfg.model).to(device)
+    optimizer = torch.optim.AdamW(
+        model.parameters(),
+        lr=lr_at(1, tc, cfg.model.d_model),
+        betas=tc.betas,
+        eps=tc.eps,
+        weight_decay=tc.weight_decay,
+    )
+    step, epoch, batch_pos, elapsed, best_bleu = 0, 0, 0, 0.0, -1.0
+    last = ckpt.step_dirs(run_dir)
+    if last:
+        step_dir = last[-1][1]
+        ckpt.load_weights(model, step_dir / ckpt.WEIGHTS)
+        state = ckpt.load_trainer_state(step_dir)
+        optimizer.load_state_dict(state["optimizer"])
+        step, epoch, batch_pos = state["step"], state["epoch"], state["batch_pos"]
+        elapsed, best_bleu = state["elapsed"], state["best_bleu"]
+        set_rng_state(state["rng"][rank] if isinstance(state["rng"], list) else state["rng"])
+        if rank == 0:
+            log.info("resuming from %s (step %d, epoch %d)", step_dir, step, epoch)
+    ddp_model = model
+    if world > 1:
+        ddp_model = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None
+        )
+    scaler = torch.amp.GradScaler("cuda") if tc.precision == "fp16" else None
+
+    if rank == 0:
+        log.info(
+            "model: %s parameters; %d training pairs (%s); device %s, %d threads, %s",
+            f"{model.num_parameters():,}",
+            len(corpus),
+            corpus.stats,
+            device,
+            torch.get_num_threads(),
+            tc.precision,
+        )
+    metrics = MetricsLog(run_dir / "metrics.jsonl", rank == 0, step, tc.tensorboard)
+
+    def epoch_batches(e: int) -> list:
+        batches = make_batches(corpus.src_lens, corpus.tgt_lens, tc.max_tokens, tc.seed, e)
+        return shard(batches, rank, world)
+
+    def save(reason: str) -> None:
+        if rank != 0:
+            return
+        state = {
+            "optimizer": optimizer.state_dict(),
+            "step": step,
+            "epoch": epoch,
+            "batch_pos": batch_pos,
+            "elapsed": elapsed,
+            "best_bleu": best_bleu,
+            "rng": rng_state(),
+        }
+        path = ckpt.save_training_checkpoint(run_dir, step, model, state, tc.keep_last)
+        log.debug("saved %s (%s)", path, reason)
+
+    def run_eval() -> None:
+        nonlocal best_bleu
+        if valid is None:
+            return
+        model.eval()
+        vcorpus, srcs, refs = valid
+        row = {"step": step, "epoch": epoch, "valid_loss": evaluate_loss(model, vcorpus, cfg, device)}
+        if srcs:
+            row["valid_bleu"] = bleu(greedy_translate(model, tokenizer, srcs, cfg, device), refs)
+        row["elapsed_s"] = round(elapsed, 2)
+        model.train()
+        metrics.write(row)
+        score = row.get("valid_bleu", -row["valid_loss"])
+        if score > best_bleu or not (run_dir / ckpt.WEIGHTS).is_file():
+            best_bleu = max(score, best_bleu)
+            ckpt.save_weights(model, run_dir / ckpt.WEIGHTS)
+        log.info(
+            "step %d: valid loss %.3f%s",
+            step,
+            row["valid_loss"],
+            f", valid BLEU {row['valid_bleu']:.2f}" if "valid_bleu" in row else "",
+        )
+
+    stop_requested = []
+    old_handler = signal.getsignal(signal.SIGINT)
+    if rank == 0 and threading_main():
+        signal.signal(signal.SIGINT, lambda *_: stop_requested.append(True))
+
+    batches = epoch_batches(epoch)
+    if rank == 0:
+        log.info("padding fraction %.3f", padding_fraction(batches, corpus.src_lens, corpus.tgt_lens))
+    show_bar = rank == 0 and tc.progress and sys.stderr.isatty()
+    bar = tqdm(total=tc.max_steps, initial=step, disable=not show_bar, dynamic_ncols=True, unit="step")
+    model.train()
+    window = {"loss": 0.0, "tokens": 0, "time": 0.0, "steps": 0}
+    interrupted = False
+    try:
+        while not done(step, epoch, elapsed, tc):
+            t0 = time.perf_counter()
+            group: list[Batch] = []
+            while len(group) < tc.accum_steps:
+                if batch_pos >= len(batches):
+                    epoch, batch_pos = epoch + 1, 0
+                    batches = epoch_batches(epoch)
+                group.append(collate(corpus, batches[batch_pos]).to(device))
+                batch_pos += 1
+            n_tokens = sum(b.n_tgt_tokens for b in group)
+            if world > 1:  # normalize by the global token count so that DDP's gradient average is exact
+                t = torch.tensor([n_tokens], dtype=torch.float64, device=device)
+                dist.all_reduce(t)
+                n_tokens = t.item() / world
+            lr = lr_at(step + 1, tc, cfg.model.d_model)
+            for g in optimizer.param_groups:
+                g["lr"] = lr
+            loss_sum = 0.0
+            for i, b in enumerate(group):
+                sync = contextlib.nullcontext() if world == 1 or i == len(group) - 1 else ddp_model.no_sync()
+                with sync:
+                    with autocast(tc.precision, device):
+                        logits = ddp_model(b.src, b.tgt_in)
+                    loss = label_smoothed_loss(logits, b.tgt_out, tc.label_smoothing, PAD_ID) / n_tokens
+                    (scaler.scale(loss) if scaler else loss).backward()
+                loss_sum += loss.item()
+            if not math.isfinite(loss_sum):
+                good = ckpt.step_dirs(run_dir)
+                raise TrainingError(
+                    f"loss is {loss_sum} at step {step + 1}; stopping. The last good checkpoint is "
+                    f"{good[-1][1] if good else 'none'}; try a lower train.lr or train.precision=fp32"
+                )
+            if scaler:
+                scaler.unscale_(optimizer)
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tc.clip_norm or float("inf")).item()
+            if scaler:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            dt = time.perf_counter() - t0
+            elapsed += dt
+            window["loss"] += loss_sum
+            window["tokens"] += sum(b.n_tgt_tokens for b in group)
+            window["time"] += dt
+            window["steps"] += 1
+            if step % tc.log_every == 0 or step == tc.max_steps:
+                row = {
+                    "step": step,
+                    "epoch": epoch,
+                    "loss": window["loss"] / window["steps"],
+                    "lr": lr,
+                    "tokens_per_s": window["tokens"] * world / max(window["time"], 1e-9),
+                    "grad_norm": grad_norm,
+                    "padding": padding_fraction(batches, corpus.src_lens, corpus.tgt_lens),
+                    "elapsed_s": round(elapsed, 2),
+                }
+                metrics.write(row)
+                bar.set_postfix(loss=f"{row['loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{row['tokens_per_s']:.0f}")
+                if not show_bar and rank == 0:
+                    log.info(
+                        "step %d: loss %.3f, lr %.2e, %.0f tokens/s",
+                        step,
+                        row["loss"],
+                        lr,
+                        row["tokens_per_s"],
+                    )
+                window = {"loss": 0.0, "tokens": 0, "time": 0.0, "steps": 0}
+            bar.update(1)
+            if rank == 0 and step % tc.eval_every == 0:
+                run_eval()
+            if step % tc.save_every == 0:
+                save("periodic")
+            if stop_requested:
+                interrupted = True
+                break
+    finally:
+        bar.close()
+        if rank == 0 and threading_main():
+            signal.signal(signal.SIGINT, old_handler)
+    if interrupted:
+        save("interrupted")
+        log.warning("interrupted at step %d; checkpoint saved. Run the same command to resume.", step)
+        raise KeyboardInterrupt
+    if rank == 0:
+        if step % tc.eval_every != 0 or not (run_dir / ckpt.WEIGHTS).is_file():
+            if valid is not None:
+                run_eval()
+            else:
+                ckpt.save_weights(model, run_dir / ckpt.WEIGHTS)
+        if step % tc.save_every != 0:
+            save("final")
+    if world > 1:
+        dist.barrier()
+    return run_dir
+
+
+def done(step: int, epoch: int, elapsed: float, tc: TrainConfig) -> bool:
+    """Whether a stopping criterion (steps, epochs, wall-clock minutes) is met."""
+    if step >= tc.max_steps:
+        return True
+    if tc.max_epochs is not None and epoch >= tc.max_epochs:
+        return True
+    return tc.max_minutes is not None and elapsed >= tc.max_minutes * 60
+
+
+def threading_main() -> bool:
+    """Signal handlers can only be installed from the main thread."""
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def prepare_run_dir_follower(cfg: Config, run_dir: Path) -> tuple[Config, Tokenizer]:
+    """Non-zero DDP ranks read what rank 0 prepared."""
+    return load_config(run_dir / ckpt.CONFIG), Tokenizer.load(run_dir / ckpt.TOKENIZER)
+
+
+def train_from_file(config_path: str | Path, run_dir: str | Path | None, overrides: list[str]) -> Path:
+    """The `nanomt train` entry: load YAML + overrides and train in run_dir (default runs/<config name>)."""
+    cfg = load_config(config_path, overrides)
+    run_dir = Path(run_dir) if run_dir else Path("runs") / Path(config_path).stem
+    return train(cfg, run_dir)
+
+
+__all__ = ["train", "train_from_file", "lr_at", "label_smoothed_loss", "TrainingError", "config_from_dict"]

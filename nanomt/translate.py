@@ -1,0 +1,144 @@
+"""Translator: text in, text out (tokenizer + model + decoding), and the attention of one sentence."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from nanomt.checkpoint import load_checkpoint
+from nanomt.config import Config
+from nanomt.data import make_batches
+from nanomt.decode import Hypothesis, beam_search, greedy, sample
+from nanomt.model import Transformer
+from nanomt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+
+log = logging.getLogger("nanomt")
+
+
+@dataclass(frozen=True)
+class SentenceAttention:
+    """Subword tokens and attention weights of one translated sentence (per layer: (H, T, S) etc.)."""
+
+    src_tokens: list[str]
+    tgt_tokens: list[str]
+    translation: str
+    encoder: list[np.ndarray]  # per layer (H, S, S)
+    decoder: list[np.ndarray]  # per layer (H, T, T)
+    cross: list[np.ndarray]  # per layer (H, T, S)
+
+
+class Translator:
+    """A model with its tokenizer and decoding defaults: `translate(list_of_str) -> list_of_str`."""
+
+    def __init__(self, model: Transformer, tokenizer: Tokenizer, cfg: Config, device: str | torch.device = "cpu"):
+        self.model = model.to(device).eval()
+        self.tokenizer = tokenizer
+        self.cfg = cfg
+        self.device = torch.device(device)
+        # The source gets an EOS, so it may hold one token less than the model's positions.
+        self.max_src_tokens = cfg.model.max_positions - 1
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path, device: str | torch.device = "cpu") -> Translator:
+        """Load any checkpoint directory (a run dir, checkpoints/step_N, or an averaged one)."""
+        model, cfg, tokenizer = load_checkpoint(path, device)
+        return cls(model, tokenizer, cfg, device)
+
+    def _encode(self, sentences: list[str]) -> list[list[int]]:
+        ids = self.tokenizer.encode_src(sentences)
+        too_long = sum(len(s) > self.max_src_tokens for s in ids)
+        if too_long:
+            log.warning("%d input line(s) longer than %d tokens were truncated", too_long, self.max_src_tokens)
+        return [s[: self.max_src_tokens] + [EOS_ID] if s else [] for s in ids]
+
+    def _max_len(self, src_len: int) -> int:
+        d = self.cfg.decode
+        return max(1, min(int(d.max_len_a * src_len + d.max_len_b), self.cfg.model.max_positions))
+
+    @torch.inference_mode()
+    def translate_hypotheses(
+        self,
+        sentences: list[str],
+        beam_size: int | None = None,
+        n_best: int = 1,
+        length_penalty: float | None = None,
+        max_tokens: int | None = None,
+        sampling: dict | None = None,
+        progress: bool = False,
+    ) -> list[list[Hypothesis]]:
+        """n_best hypotheses (token ids and scores) per sentence, in input order."""
+        d = self.cfg.decode
+        beam_size = d.beam_size if beam_size is None else beam_size
+        if beam_size < 1:
+            raise ValueError(f"beam size must be >= 1, got {beam_size}")
+        ids = self._encode(sentences)
+        lens = np.array([len(s) for s in ids])
+        results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] for _ in ids]
+        todo = np.flatnonzero(lens > 0)  # empty lines translate to empty lines
+        batches = make_batches(lens[todo], lens[todo], max_tokens or d.max_tokens, 0, 0, shuffle=False)
+        bar = tqdm(total=len(todo), disable=not progress, unit="sent", dynamic_ncols=True)
+        for batch in batches:
+            idx = todo[batch]
+            width = int(lens[idx].max())
+            src = torch.full((len(idx), width), PAD_ID, dtype=torch.long)
+            for row, i in enumerate(idx):
+                src[row, : lens[i]] = torch.tensor(ids[i])
+            src = src.to(self.device)
+            if sampling is not None:
+                outs = sample(self.model, src, self._max_len, bos_id=BOS_ID, eos_id=EOS_ID, **sampling)
+                hyps = [[Hypothesis(o, 0.0, 0.0)] for o in outs]
+            elif beam_size == 1 and n_best == 1:
+                hyps = [
+                    [Hypothesis(o, 0.0, 0.0)] for o in greedy(self.model, src, self._max_len, d.min_len, BOS_ID, EOS_ID)
+                ]
+            else:
+                hyps = beam_search(
+                    self.model,
+                    src,
+                    beam_size,
+                    self._max_len,
+                    min_len=d.min_len,
+                    length_penalty=d.length_penalty if length_penalty is None else length_penalty,
+                    length_penalty_kind=d.length_penalty_kind,
+                    n_best=n_best,
+                    bos_id=BOS_ID,
+                    eos_id=EOS_ID,
+                )
+            for i, h in zip(idx, hyps):
+                results[i] = h
+            bar.update(len(idx))
+        bar.close()
+        return results
+
+    def translate(self, sentences: list[str], beam_size: int | None = None, **kwargs) -> list[str]:
+        """One translation per input sentence, in order."""
+        hyps = self.translate_hypotheses(sentences, beam_size=beam_size, **kwargs)
+        return self.tokenizer.decode_tgt([h[0].tokens for h in hyps])
+
+    def translate_n_best(self, sentences: list[str], n_best: int, beam_size: int | None = None, **kwargs):
+        """The n_best (translation, score) pairs of every sentence."""
+        hyps = self.translate_hypotheses(sentences, beam_size=beam_size, n_best=n_best, **kwargs)
+        return [list(zip(self.tokenizer.decode_tgt([h.tokens for h in hs]), [h.score for h in hs])) for hs in hyps]
+
+    @torch.inference_mode()
+    def attention(self, sentence: str, beam_size: int = 1) -> SentenceAttention:
+        """Translate one sentence and return every layer's and head's attention weights for it."""
+        src_ids = self._encode([sentence])[0] or [EOS_ID]
+        tgt_ids = self.translate_hypotheses([sentence], beam_size=beam_size)[0][0].tokens
+        src = torch.tensor([src_ids], device=self.device)
+        tgt_in = torch.tensor([[BOS_ID] + tgt_ids], device=self.device)  # row i predicts tgt token i
+        _, weights = self.model(src, tgt_in, need_weights=True)
+        to_np = lambda ws: [w[0].float().cpu().numpy() for w in ws]  # noqa: E731
+        return SentenceAttention(
+            src_tokens=self.tokenizer.src_pieces(src_ids[:-1]) + ["</s>"],
+            tgt_tokens=self.tokenizer.tgt_pieces(tgt_ids) + ["</s>"],
+            translation=self.tokenizer.decode_tgt([tgt_ids])[0],
+            encoder=to_np(weights["encoder"]),
+            decoder=to_np(weights["decoder"]),
+            cross=to_np(weights["cross"]),
+        )

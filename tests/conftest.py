@@ -1,0 +1,40 @@
+"""Shared fixtures: a small toy corpus and a tiny training config, made once per test session."""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from nanomt.synthetic import write_corpus
+
+# Subprocesses and the tests themselves use 1 thread each, so results do not depend on the machine's core count.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+NANOMT = [sys.executable, "-m", "nanomt.cli"]
+
+
+@pytest.fixture(scope="session")
+def toy_corpus(tmp_path_factory) -> dict[str, Path]:
+    """The toy language pair: 3000 training pairs, 100 valid, 100 test."""
+    return write_corpus(tmp_path_factory.mktemp("toy"), pairs=3000, seed=0, valid=100, test=100)
+
+
+def tiny_config(corpus: dict[str, Path], **train) -> dict:
+    """A config dict for a model small enough to train in seconds on the toy corpus."""
+    cfg = {
+        "data": {
+            "train": {"src": str(corpus["train.src"]), "tgt": str(corpus["train.tgt"])},
+            "valid": {"src": str(corpus["valid.src"]), "tgt": str(corpus["valid.tgt"])},
+            "vocab_size": 120,
+            "shared_vocab": False,
+            "max_len": 48,
+        },
+        "model": {"d_model": 32, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 64,
+                  "max_positions": 64},
+        "train": {"max_steps": 30, "max_tokens": 600, "lr": 3e-3, "warmup_steps": 10, "log_every": 5,
+                  "eval_every": 15, "save_every": 10, "keep_last": 2, "valid_bleu_sentences": 20,
+                  "num_threads": 1, "progress": False},
+        "decode": {"beam_size": 2, "max_len_a": 1.5, "max_len_b": 5},
+    }
+    cfg["train"].update(train)
+    return cfg

@@ -1,0 +1,186 @@
+"""Training: schedule and loss against formulas, a run whose loss falls, exact resume after SIGKILL, bad input."""
+
+import json
+import math
+import signal
+import subprocess
+import time
+
+import pytest
+import torch
+import yaml
+from conftest import NANOMT, tiny_config
+
+from nanomt.checkpoint import WEIGHTS, load_checkpoint, read_weights, step_dirs
+from nanomt.config import TrainConfig, config_from_dict
+from nanomt.train import label_smoothed_loss, lr_at, train
+
+
+def test_inverse_sqrt_schedule():
+    tc = TrainConfig(lr=1e-3, warmup_steps=100)
+    assert lr_at(1, tc, 512) == pytest.approx(1e-5)
+    assert lr_at(50, tc, 512) == pytest.approx(5e-4)
+    assert lr_at(100, tc, 512) == pytest.approx(1e-3)  # the peak is lr
+    assert lr_at(400, tc, 512) == pytest.approx(1e-3 * math.sqrt(100 / 400))
+    assert max(lr_at(s, tc, 512) for s in range(1, 1000)) == pytest.approx(1e-3)
+
+
+def test_noam_schedule_is_the_papers_formula():
+    tc = TrainConfig(lr=1.0, warmup_steps=4000, schedule="noam")
+    for step in (1, 100, 4000, 10000, 100000):
+        expected = 512**-0.5 * min(step**-0.5, step * 4000**-1.5)
+        assert lr_at(step, tc, 512) == pytest.approx(expected)
+
+
+def test_label_smoothed_loss_matches_hand_computation():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 3, 5)
+    target = torch.tensor([[1, 2, 0], [4, 0, 0]])  # 0 is padding
+    eps, v = 0.1, 5
+    expected = 0.0
+    logp = logits.log_softmax(-1)
+    for b in range(2):
+        for t in range(3):
+            y = target[b, t].item()
+            if y == 0:
+                continue
+            # (1 - eps) on the gold token, eps spread uniformly over the whole vocabulary
+            expected += -((1 - eps) * logp[b, t, y] + eps / v * logp[b, t].sum()).item()
+    got = label_smoothed_loss(logits, target, eps, pad_id=0).item()
+    assert got == pytest.approx(expected, rel=1e-6)
+    assert label_smoothed_loss(logits, target, 0.0, 0).item() == pytest.approx(
+        -sum(logp[b, t, target[b, t]].item() for b, t in [(0, 0), (0, 1), (1, 0)]), rel=1e-6
+    )
+
+
+def read_metrics(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_tiny_run_learns_and_writes_a_run_directory(toy_corpus, tmp_path):
+    cfg = config_from_dict(tiny_config(toy_corpus, max_steps=60, eval_every=30, save_every=20))
+    run = train(cfg, tmp_path / "run")
+    rows = read_metrics(run)
+    losses = [r["loss"] for r in rows if "loss" in r]
+    valid = [r["valid_loss"] for r in rows if "valid_loss" in r]
+    assert losses[-1] < 0.7 * losses[0]
+    assert len(valid) == 2 and valid[1] < valid[0]
+    for key in ("step", "epoch", "loss", "lr", "tokens_per_s", "grad_norm", "padding", "elapsed_s"):
+        assert key in rows[0]
+    assert "valid_bleu" in [r for r in rows if "valid_loss" in r][0]
+    assert [s for s, _ in step_dirs(run)] == [40, 60]  # keep_last=2
+    assert (run / "config.yaml").is_file() and (run / "tokenizer").is_dir() and (run / WEIGHTS).is_file()
+    model, saved_cfg, tok = load_checkpoint(run)
+    assert saved_cfg.model.src_vocab_size == tok.src_vocab_size
+    # No temporary files are left behind.
+    assert not list(run.rglob("*.tmp")) and not list((run / "checkpoints").glob(".tmp*"))
+
+
+def write_config(tmp_path, cfg: dict):
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def run_cli(*args, **kw):
+    return subprocess.run([*NANOMT, *args], capture_output=True, text=True, timeout=300, **kw)
+
+
+def test_resume_after_sigkill_is_bit_exact(toy_corpus, tmp_path):
+    cfg = write_config(tmp_path, tiny_config(toy_corpus, max_steps=40, save_every=10, eval_every=20))
+    ref = run_cli("train", str(cfg), "--run-dir", str(tmp_path / "ref"))
+    assert ref.returncode == 0, ref.stderr
+
+    run = tmp_path / "killed"
+    proc = subprocess.Popen([*NANOMT, "train", str(cfg), "--run-dir", str(run)], stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while not step_dirs(run) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed_at = [s for s, _ in step_dirs(run)]
+    assert killed_at and killed_at[-1] < 40, "the run finished before it could be killed"
+    resumed = run_cli("train", str(cfg), "--run-dir", str(run))
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming from" in resumed.stderr
+    a = read_weights(tmp_path / "ref" / "checkpoints" / "step_40" / WEIGHTS)
+    b = read_weights(run / "checkpoints" / "step_40" / WEIGHTS)
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    assert [r["step"] for r in read_metrics(run)] == [r["step"] for r in read_metrics(tmp_path / "ref")]
+
+
+def test_ctrl_c_saves_a_checkpoint_and_exits(toy_corpus, tmp_path):
+    cfg = write_config(tmp_path, tiny_config(toy_corpus, max_steps=100000, save_every=100000, eval_every=100000))
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        [*NANOMT, "train", str(cfg), "--run-dir", str(run)], stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.time() + 120
+    while not (run / "metrics.jsonl").is_file() and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "checkpoint saved" in err
+    steps = step_dirs(run)
+    assert len(steps) == 1 and steps[0][0] > 0
+    load_checkpoint(steps[0][1])
+
+
+def test_non_finite_loss_stops_with_a_clear_message(toy_corpus, tmp_path):
+    cfg = write_config(tmp_path, tiny_config(toy_corpus, lr=1e30, warmup_steps=1, clip_norm=0.0, save_every=1))
+    res = run_cli("train", str(cfg), "--run-dir", str(tmp_path / "run"))
+    assert res.returncode == 1
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith("nanomt: error: loss is") and "last good checkpoint" in last
+    good = step_dirs(tmp_path / "run")
+    assert good and str(good[-1][1]) in last
+    read_weights(good[-1][1] / WEIGHTS)
+
+
+@pytest.mark.parametrize(
+    "problem, words",
+    [
+        ("missing", ["not found", "nope.src"]),
+        ("counts", ["train.src", "train.tgt", "3000", "2999"]),
+        ("utf8", ["invalid UTF-8", "line 7"]),
+        ("unknown_key", ["warmup", "train"]),
+    ],
+)
+def test_bad_input_is_one_line_error(toy_corpus, tmp_path, problem, words):
+    cfg = tiny_config(toy_corpus)
+    if problem == "missing":
+        cfg["data"]["train"]["src"] = str(tmp_path / "nope.src")
+    elif problem == "counts":
+        lines = toy_corpus["train.tgt"].read_text().splitlines()[:-1]
+        (tmp_path / "train.tgt").write_text("\n".join(lines) + "\n")
+        (tmp_path / "train.src").write_bytes(toy_corpus["train.src"].read_bytes())
+        cfg["data"]["train"] = {"src": str(tmp_path / "train.src"), "tgt": str(tmp_path / "train.tgt")}
+    elif problem == "utf8":
+        data = toy_corpus["train.src"].read_bytes().split(b"\n")
+        data[6] = b"\xff\xfe bad"
+        (tmp_path / "train.src").write_bytes(b"\n".join(data))
+        cfg["data"]["train"]["src"] = str(tmp_path / "train.src")
+    else:
+        cfg["train"]["warmup"] = 3
+    res = run_cli("train", str(write_config(tmp_path, cfg)), "--run-dir", str(tmp_path / "run"))
+    assert res.returncode == 1
+    err = res.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("nanomt: error:"), res.stderr
+    for w in words:
+        assert w in err[0]
+    assert not step_dirs(tmp_path / "run")
+
+
+def test_set_overrides_and_config_mismatch_on_resume(toy_corpus, tmp_path):
+    cfg = write_config(tmp_path, tiny_config(toy_corpus, max_steps=10, eval_every=10, save_every=10))
+    run = tmp_path / "run"
+    ok = run_cli("train", str(cfg), "--run-dir", str(run), "--set", "train.max_steps=5", "--set", "train.save_every=5")
+    assert ok.returncode == 0, ok.stderr
+    assert [s for s, _ in step_dirs(run)] == [5]
+    bad = run_cli("train", str(cfg), "--run-dir", str(run), "--set", "model.d_model=64")
+    assert bad.returncode == 1 and "model.d_model" in bad.stderr and "another --run-dir" in bad.stderr
+    typo = run_cli("train", str(cfg), "--set", "train.max_steps=many")
+    assert typo.returncode == 1 and "train.max_steps" in typo.stderr
