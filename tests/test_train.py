@@ -114,9 +114,7 @@ def test_resume_after_sigkill_is_bit_exact(toy_corpus, tmp_path):
 def test_ctrl_c_saves_a_checkpoint_and_exits(toy_corpus, tmp_path):
     cfg = write_config(tmp_path, tiny_config(toy_corpus, max_steps=100000, save_every=100000, eval_every=100000))
     run = tmp_path / "run"
-    proc = subprocess.Popen(
-        [*NANOMT, "train", str(cfg), "--run-dir", str(run)], stderr=subprocess.PIPE, text=True
-    )
+    proc = subprocess.Popen([*NANOMT, "train", str(cfg), "--run-dir", str(run)], stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     while not (run / "metrics.jsonl").is_file() and time.time() < deadline:
         time.sleep(0.05)

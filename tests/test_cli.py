@@ -1,0 +1,165 @@
+"""Text in, text out: translate, evaluate, average, plot and demo through the CLI and the Translator."""
+
+import json
+import logging
+import shutil
+import subprocess
+
+import matplotlib.image
+import pytest
+import sacrebleu
+import torch
+from conftest import NANOMT, tiny_config
+
+from nanomt.checkpoint import WEIGHTS, CheckpointError, read_weights, step_dirs
+from nanomt.config import config_from_dict
+from nanomt.tokenizer import train_tokenizer
+from nanomt.train import train
+from nanomt.translate import Translator
+
+
+@pytest.fixture(scope="module")
+def run_dir(toy_corpus, tmp_path_factory):
+    """A tiny model trained for a few seconds, with three checkpoints."""
+    cfg = config_from_dict(tiny_config(toy_corpus, max_steps=60, save_every=20, keep_last=3, eval_every=60))
+    return train(cfg, tmp_path_factory.mktemp("cli") / "run")
+
+
+def cli(*args, input=None):
+    return subprocess.run([*NANOMT, *map(str, args)], capture_output=True, text=True, input=input, timeout=300)
+
+
+def test_translate_stdin_to_stdout_keeps_lines_and_order(run_dir, toy_corpus):
+    srcs = toy_corpus["test.src"].read_text().splitlines()[:8]
+    lines = srcs[:3] + [""] + srcs[3:]
+    res = cli("translate", run_dir, "--beam", 2, input="\n".join(lines) + "\n")
+    assert res.returncode == 0, res.stderr
+    out = res.stdout.split("\n")[:-1]
+    assert len(out) == len(lines) and out[3] == ""
+    translator = Translator.from_checkpoint(run_dir)
+    one_by_one = [translator.translate([s], beam_size=2)[0] if s else "" for s in lines]
+    assert out == one_by_one  # batching and sorting by length do not change any sentence's translation
+
+
+def test_translate_files_and_n_best(run_dir, toy_corpus, tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(toy_corpus["test.src"].read_text().splitlines()[:4]) + "\n")
+    res = cli("translate", run_dir, "--input", src, "--output", tmp_path / "out.txt", "--n-best", 3, "--beam", 4)
+    assert res.returncode == 0, res.stderr
+    rows = [line.split("\t") for line in (tmp_path / "out.txt").read_text().splitlines()]
+    assert [int(r[0]) for r in rows] == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
+    for i in range(4):
+        scores = [float(r[1]) for r in rows[3 * i : 3 * i + 3]]
+        assert scores == sorted(scores, reverse=True)
+        assert len({r[2] for r in rows[3 * i : 3 * i + 3]}) == 3
+
+
+def test_long_line_is_truncated_with_one_warning(run_dir, caplog):
+    translator = Translator.from_checkpoint(run_dir)
+    long = " ".join(["la nuka belur korat."] * 40)
+    with caplog.at_level(logging.WARNING, logger="nanomt"):
+        out = translator.translate([long, long, "la nuka korat."], beam_size=1)
+    assert len(out) == 3
+    warnings = [r for r in caplog.records if "truncated" in r.getMessage()]
+    assert len(warnings) == 1 and "2 input line(s)" in warnings[0].getMessage()
+
+
+def test_checkpoint_with_another_vocabulary_is_refused(run_dir, toy_corpus, tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(run_dir, bad, ignore=shutil.ignore_patterns("checkpoints", "bin"))
+    shutil.rmtree(bad / "tokenizer")
+    cfg = config_from_dict(tiny_config(toy_corpus)).data
+    lines = toy_corpus["train.src"].read_text().splitlines()
+    train_tokenizer(lines, lines, bad / "tokenizer", cfg.__class__(vocab_size=90, shared_vocab=False))
+    with pytest.raises(CheckpointError, match="does not match"):
+        Translator.from_checkpoint(bad)
+    res = cli("translate", bad, input="la nuka korat.\n")
+    assert res.returncode == 1 and res.stderr.startswith("nanomt: error:") and "vocabulary" in res.stderr
+
+
+def test_evaluate_json_matches_sacrebleu(run_dir, toy_corpus, tmp_path):
+    hyp = tmp_path / "hyp.txt"
+    res = cli(
+        "evaluate",
+        run_dir,
+        "--src",
+        toy_corpus["test.src"],
+        "--ref",
+        toy_corpus["test.tgt"],
+        "--beam",
+        2,
+        "--json",
+        "--save-hyp",
+        hyp,
+    )
+    assert res.returncode == 0, res.stderr
+    report = json.loads(res.stdout)
+    for key in ("bleu", "chrf", "bleu_signature", "chrf_signature", "sentences", "seconds", "tokens_per_s"):
+        assert key in report
+    refs = toy_corpus["test.tgt"].read_text().splitlines()
+    hyps = hyp.read_text().splitlines()
+    assert report["sentences"] == len(refs) == len(hyps)
+    assert report["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score)
+    assert report["chrf"] == pytest.approx(sacrebleu.corpus_chrf(hyps, [refs]).score)
+    assert "tok:13a" in report["bleu_signature"]
+    text = cli("evaluate", run_dir, "--src", toy_corpus["test.src"], "--ref", toy_corpus["test.tgt"], "--beam", 1)
+    assert text.returncode == 0 and "BLEU =" in text.stdout and "chrF =" in text.stdout
+
+
+def test_evaluate_mismatched_files_is_one_line_error(run_dir, toy_corpus, tmp_path):
+    short = tmp_path / "short.tgt"
+    short.write_text("one line\n")
+    res = cli("evaluate", run_dir, "--src", toy_corpus["test.src"], "--ref", short)
+    assert res.returncode == 1
+    assert res.stderr.count("\n") == 1 and "short.tgt" in res.stderr and "100" in res.stderr
+
+
+def test_average_is_the_mean_and_a_complete_checkpoint(run_dir, tmp_path):
+    steps = [p for _, p in step_dirs(run_dir)]
+    assert len(steps) == 3
+    res = cli("average", *steps[-2:], "--out", tmp_path / "avg")
+    assert res.returncode == 0, res.stderr
+    a, b = read_weights(steps[-2] / WEIGHTS), read_weights(steps[-1] / WEIGHTS)
+    avg = read_weights(tmp_path / "avg" / WEIGHTS)
+    for name in a:
+        torch.testing.assert_close(avg[name], (a[name] + b[name]) / 2)
+    res = cli("average", run_dir, "--last", 2, "--out", tmp_path / "avg2")
+    assert res.returncode == 0, res.stderr
+    assert all(torch.equal(avg[n], read_weights(tmp_path / "avg2" / WEIGHTS)[n]) for n in avg)
+    res = cli("translate", tmp_path / "avg2", "--beam", 1, input="la nuka korat.\n")
+    assert res.returncode == 0 and res.stdout.count("\n") == 1
+
+
+def test_plots_from_the_cli(run_dir, tmp_path):
+    for args in (
+        ("attention", run_dir, "la nuka belur korat.", "-o", tmp_path / "att.png"),
+        ("attention", run_dir, "la nuka korat.", "--kind", "encoder", "--head", 1, "-o", tmp_path / "enc.png"),
+        ("positions", "-o", tmp_path / "pos.png"),
+        ("curves", run_dir, "-o", tmp_path / "curves.png"),
+    ):
+        res = cli("plot", *args)
+        assert res.returncode == 0, res.stderr
+        assert matplotlib.image.imread(str(args[-1])).shape[0] > 100
+    res = cli("plot", "attention", run_dir, "x", "--layer", 5, "-o", tmp_path / "x.png")
+    assert res.returncode == 1 and "--layer 5" in res.stderr
+
+
+def test_help_lists_every_command():
+    res = cli("--help")
+    for command in ("train", "translate", "evaluate", "average", "plot", "synth", "demo"):
+        assert command in res.stdout
+
+
+def test_synth_writes_the_toy_pair(tmp_path):
+    res = cli("synth", tmp_path / "toy", "--pairs", 50, "--seed", 3)
+    assert res.returncode == 0, res.stderr
+    for split in ("train", "valid", "test"):
+        assert (tmp_path / "toy" / f"{split}.src").is_file() and (tmp_path / "toy" / f"{split}.tgt").is_file()
+    assert len((tmp_path / "toy" / "train.src").read_text().splitlines()) == 50
+
+
+def test_demo_runs_end_to_end(tmp_path):
+    res = cli("demo", "--out", tmp_path / "demo", "--steps", 20, "--pairs", 1000)
+    assert res.returncode == 0, res.stderr
+    assert "test BLEU (beam 5)" in res.stdout and "greedy:" in res.stdout and "beam 5:" in res.stdout
+    assert (tmp_path / "demo" / "attention.png").is_file() and (tmp_path / "demo" / "curves.png").is_file()
