@@ -410,6 +410,10 @@ def train(cfg: Config, run_dir: str | Path) -> Path:
                     loss = label_smoothed_loss(logits, b.tgt_out, tc.label_smoothing, PAD_ID) / n_tokens
                     (scaler.scale(loss) if scaler else loss).backward()
                 loss_sum += loss.item()
+            if world > 1:  # every rank logs, and stops on, the loss of the whole global batch
+                t = torch.tensor([loss_sum], dtype=torch.float64, device=device)
+                dist.all_reduce(t)
+                loss_sum = t.item() / world
             if not math.isfinite(loss_sum):
                 good = ckpt.step_dirs(run_dir)
                 raise TrainingError(

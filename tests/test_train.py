@@ -182,3 +182,29 @@ def test_set_overrides_and_config_mismatch_on_resume(toy_corpus, tmp_path):
     assert bad.returncode == 1 and "model.d_model" in bad.stderr and "another --run-dir" in bad.stderr
     typo = run_cli("train", str(cfg), "--set", "train.max_steps=many")
     assert typo.returncode == 1 and "train.max_steps" in typo.stderr
+
+
+def test_two_process_ddp_equals_one_process_with_accumulation(toy_corpus, tmp_path):
+    """Two torchrun ranks with one batch each make the same update as one process accumulating both batches."""
+    base = tiny_config(toy_corpus, max_steps=4, save_every=4, eval_every=1000, log_every=1)
+    base["model"]["dropout"] = 0.0  # the ranks draw different dropout masks than one process would
+    one = write_config(tmp_path, {**base, "train": {**base["train"], "accum_steps": 2}})
+    res = run_cli("train", str(one), "--run-dir", str(tmp_path / "one"))
+    assert res.returncode == 0, res.stderr
+    (tmp_path / "ddp").mkdir()
+    two = write_config(tmp_path / "ddp", base)
+    torchrun = [NANOMT[0], "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533"]
+    res = subprocess.run(
+        [*torchrun, "-m", "nanomt.cli", "train", str(two), "--run-dir", str(tmp_path / "two")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr
+    a = read_weights(tmp_path / "one" / "checkpoints" / "step_4" / WEIGHTS)
+    b = read_weights(tmp_path / "two" / "checkpoints" / "step_4" / WEIGHTS)
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-5)
+    losses_one = [r["loss"] for r in read_metrics(tmp_path / "one") if "loss" in r]
+    losses_two = [r["loss"] for r in read_metrics(tmp_path / "two") if "loss" in r]
+    assert losses_one == pytest.approx(losses_two, rel=1e-4)
