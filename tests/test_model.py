@@ -20,6 +20,7 @@ from nanomt.model import (
     Transformer,
     attention,
     causal_mask,
+    layer_norm,
     padding_mask,
     sinusoidal_table,
 )
@@ -284,6 +285,21 @@ def test_layer_norm_matches_torch(eps):
     close(x.grad, x_ref.grad)
     close(ours.weight.grad, ref.weight.grad)
     close(ours.bias.grad, ref.bias.grad)
+
+
+@pytest.mark.parametrize("eps", [1e-5, 1e-3])
+def test_explicit_layer_norm_formula_matches_torch(eps):
+    """The explicit formula (the readable path) equals nn.LayerNorm, forward and backward."""
+    w, b = (1.0 + torch.randn(48)).requires_grad_(), torch.randn(48).requires_grad_()
+    x = (torch.randn(3, 5, 48) * 4 + 2).requires_grad_()
+    y = layer_norm(x, w, b, eps, fused=False)
+    y_ref = torch.nn.functional.layer_norm(x, (48,), w, b, eps)
+    close(y, y_ref)
+    g = torch.randn_like(y)
+    grads = torch.autograd.grad(y, (x, w, b), g)
+    grads_ref = torch.autograd.grad(y_ref, (x, w, b), g)
+    for a, r in zip(grads, grads_ref):
+        close(a, r)
 
 
 # ---------------------------------------------------------------------------------------------------------
