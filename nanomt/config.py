@@ -123,8 +123,9 @@ class TrainConfig:
     lr: float = 5e-4
     warmup_steps: int = 4000
     # "inverse_sqrt": fairseq's linear warmup to `lr` then lr*sqrt(warmup/step);
-    # "noam": the paper's d_model^-0.5 * min(step^-0.5, step*warmup^-1.5), scaled by `lr`.
-    schedule: Literal["inverse_sqrt", "noam"] = "inverse_sqrt"
+    # "noam": the paper's d_model^-0.5 * min(step^-0.5, step*warmup^-1.5), scaled by `lr`;
+    # "linear": linear warmup to `lr`, then linear decay to 0 at max_steps (for a fixed budget).
+    schedule: Literal["inverse_sqrt", "noam", "linear"] = "inverse_sqrt"
     betas: tuple[float, float] = (0.9, 0.98)
     eps: float = 1e-9
     weight_decay: float = 0.0

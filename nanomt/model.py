@@ -47,6 +47,31 @@ def sinusoidal_table(n_positions: int, d_model: int) -> Tensor:
     return table.float()
 
 
+def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
+    """Inverted dropout (Srivastava et al., 2014): zero each element with probability p, scale the rest by 1/(1-p)."""
+    if not training or p == 0.0:
+        return x
+    if x.device.type != "cpu":
+        return F.dropout(x, p, True)
+    # On a CPU the random numbers, not the arithmetic, are the cost: 16 random bits per element, two to each
+    # 32-bit draw, make this ~2.5x faster than F.dropout (benchmarks/README.md). P(keep) = 1 - p to 1/65536.
+    n = x.numel()
+    bits = torch.empty((n + 1) // 2, dtype=torch.int32).random_(-(2**31), 2**31).view(torch.int16)[:n]
+    keep = bits.view(x.shape) >= round(p * 65536) - 32768
+    return x * keep * (1.0 / (1.0 - p))
+
+
+class Dropout(nn.Module):
+    """`dropout` as a module, active in train mode only."""
+
+    def __init__(self, p: float):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: Tensor) -> Tensor:
+        return dropout(x, self.p, self.training)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Attention.
 # ---------------------------------------------------------------------------------------------------------
@@ -80,7 +105,7 @@ def attention(
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = scores.softmax(dim=-1)
-    out = F.dropout(weights, dropout_p) @ v  # (B, H, Tq, K)
+    out = dropout(weights, dropout_p) @ v  # (B, H, Tq, K)
     return out, weights if need_weights else None
 
 
@@ -188,7 +213,7 @@ class FeedForward(nn.Module):
         self.w1 = nn.Linear(cfg.d_model, cfg.d_ff)
         self.w2 = nn.Linear(cfg.d_ff, cfg.d_model)
         self.act = ACTIVATION_FNS[cfg.activation]
-        self.dropout = nn.Dropout(cfg.activation_dropout)
+        self.dropout = Dropout(cfg.activation_dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.w2(self.dropout(self.act(self.w1(x))))
@@ -204,7 +229,7 @@ class EncoderLayer(nn.Module):
         self.ffn = FeedForward(cfg)
         self.norm1 = LayerNorm(cfg.d_model, cfg.layer_norm_eps)
         self.norm2 = LayerNorm(cfg.d_model, cfg.layer_norm_eps)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
 
     def forward(self, x: Tensor, mask: Tensor, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         if self.norm_first:
@@ -255,7 +280,7 @@ class DecoderLayer(nn.Module):
         self.norm1 = LayerNorm(cfg.d_model, cfg.layer_norm_eps)
         self.norm2 = LayerNorm(cfg.d_model, cfg.layer_norm_eps)
         self.norm3 = LayerNorm(cfg.d_model, cfg.layer_norm_eps)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
 
     def forward(
         self,
@@ -322,7 +347,7 @@ class Embedding(nn.Module):
             self.positions = None
             # Not persistent: a formula, not a weight; it never goes into a checkpoint.
             self.register_buffer("table", sinusoidal_table(cfg.max_positions, cfg.d_model), persistent=False)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
 
     def forward(self, ids: Tensor, start: int = 0) -> Tensor:
         """(B, T) ids at positions start..start+T-1 -> (B, T, D)."""

@@ -52,6 +52,8 @@ def lr_at(step: int, cfg: TrainConfig, d_model: int) -> float:
         return cfg.lr * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
     if step < warmup:  # fairseq's inverse_sqrt: the same curve, with lr as its peak
         return cfg.lr * step / warmup
+    if cfg.schedule == "linear":
+        return cfg.lr * max(0.0, (cfg.max_steps - step) / max(cfg.max_steps - warmup, 1))
     return cfg.lr * math.sqrt(warmup / step)
 
 
@@ -460,7 +462,6 @@ def train(cfg: Config, run_dir: str | Path) -> Path:
             optimizer.zero_grad(set_to_none=True)
             step += 1
             dt = time.perf_counter() - t0
-            elapsed += dt
             window["loss"] += loss_sum
             window["tokens"] += sum(b.n_tgt_tokens for b in group)
             window["time"] += dt
@@ -474,7 +475,7 @@ def train(cfg: Config, run_dir: str | Path) -> Path:
                     "tokens_per_s": window["tokens"] * world / max(window["time"], 1e-9),
                     "grad_norm": grad_norm,
                     "padding": padding_fraction(batches, corpus.src_lens, corpus.tgt_lens),
-                    "elapsed_s": round(elapsed, 2),
+                    "elapsed_s": round(elapsed + dt, 2),
                 }
                 metrics.write(row)
                 bar.set_postfix(loss=f"{row['loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{row['tokens_per_s']:.0f}")
@@ -490,6 +491,7 @@ def train(cfg: Config, run_dir: str | Path) -> Path:
             bar.update(1)
             if rank == 0 and step % tc.eval_every == 0:
                 run_eval()
+            elapsed += time.perf_counter() - t0  # the wall-clock budget counts evaluation too
             if step % tc.save_every == 0:
                 save("periodic")
             if stop_requested:

@@ -20,6 +20,7 @@ from nanomt.model import (
     Transformer,
     attention,
     causal_mask,
+    dropout,
     layer_norm,
     padding_mask,
     sinusoidal_table,
@@ -715,3 +716,19 @@ def test_dropout_only_in_train_mode(kind):
         if need_weights:
             a, b = a[0], b[0]
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("p", [0.1, 0.3])
+def test_dropout_keeps_one_minus_p_and_preserves_the_mean(p):
+    """Our CPU dropout zeroes a fraction p, scales the rest by 1/(1-p), and backpropagates through the mask."""
+    torch.manual_seed(0)
+    x = torch.ones(1_000_001, requires_grad=True)
+    y = dropout(x, p)
+    kept = (y != 0).float().mean().item()
+    assert abs(kept - (1 - p)) < 3e-3
+    assert torch.allclose(y[y != 0], torch.full_like(y[y != 0], 1 / (1 - p)))
+    y.sum().backward()
+    assert torch.equal(x.grad, y.detach())
+    torch.manual_seed(0)
+    assert torch.equal(dropout(x, p), y)  # reproducible from the torch seed, as exact resume needs
+    assert dropout(x, p, training=False) is x
