@@ -62,7 +62,7 @@ def _no_data(ax: Axes, title: str) -> None:
 
 
 def plot_positions(
-    path: str | Path, d_model: int = 128, n_positions: int = 100, dims: tuple[int, ...] = (4, 5, 6, 7)
+    path: str | Path, d_model: int = 128, n_positions: int = 100, dims: tuple[int, ...] = (4, 5, 20, 40)
 ) -> Path:
     """3.5: a few sinusoidal encoding dimensions over positions, and the whole (positions x d_model) table."""
     if d_model < 2 or d_model % 2 or n_positions < 1:

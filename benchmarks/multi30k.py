@@ -1,0 +1,274 @@
+"""The Multi30k German->English recipe, end to end: tokenizer, binarize, train, average, tune on val, evaluate.
+
+    python benchmarks/multi30k.py --data ../shared/data/multi30k            # the 60-minute recipe
+    python benchmarks/multi30k.py --data ../shared/data/multi30k --ablation-minutes 8   # + the ablation
+
+Training is `nanomt train configs/multi30k_de_en.yaml` (re-running resumes, or does nothing if it finished).
+Checkpoint choice (best-BLEU, last, averages of the last N), beam size and length penalty are chosen on val;
+test2016 is decoded once, by `nanomt evaluate`, for the final number and for the 30-minute checkpoint.
+Writes benchmarks/results/multi30k_de_en.json and the training-curve plot beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from nanomt import checkpoint as ckpt
+from nanomt.config import load_config, save_config
+from nanomt.evaluate import evaluate
+from nanomt.plots import plot_curves, read_metrics
+from nanomt.translate import Translator
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+NANOMT = [sys.executable, "-m", "nanomt.cli"]
+
+
+def data_overrides(data: Path) -> list[str]:
+    """--set arguments pointing the config at the Multi30k files in `data`."""
+    files = {"train": "train", "valid": "val", "test": "test2016"}
+    return [
+        f"data.{split}.{side}={data / f'{name}.{lang}'}"
+        for split, name in files.items()
+        for side, lang in (("src", "de"), ("tgt", "en"))
+    ]
+
+
+def run_training(config: Path, run_dir: Path, overrides: list[str]) -> None:
+    """`nanomt train`, in a subprocess so its threads and memory are its own."""
+    cmd = [*NANOMT, "train", str(config), "--run-dir", str(run_dir)]
+    for o in overrides:
+        cmd += ["--set", o]
+    print("$", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+
+
+def machine() -> dict:
+    """CPU model, threads, versions and the git commit, for the results file."""
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    import sacrebleu
+    import sentencepiece
+
+    return {
+        "cpu": cpu,
+        "threads": torch.get_num_threads(),
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "sacrebleu": sacrebleu.__version__,
+        "sentencepiece": sentencepiece.__version__,
+        "git_commit": commit,
+    }
+
+
+def training_summary(run_dir: Path) -> dict:
+    """Steps, wall seconds and mean tokens/s from metrics.jsonl."""
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    train_rows = [r for r in rows if "loss" in r]
+    evals = [r for r in rows if "valid_bleu" in r]
+    return {
+        "steps": train_rows[-1]["step"],
+        "epochs": train_rows[-1]["epoch"],
+        "train_wall_seconds": max(r["elapsed_s"] for r in rows),
+        "tokens_per_s": round(sum(r["tokens_per_s"] for r in train_rows) / len(train_rows), 1),
+        "best_valid_greedy_bleu": max((r["valid_bleu"] for r in evals), default=None),
+        "valid_greedy_bleu_curve": [(r["step"], r["elapsed_s"], r["valid_bleu"]) for r in evals],
+    }
+
+
+def with_decoding(src: Path, out: Path, state: dict | None, beam: int, length_penalty: float) -> Path:
+    """A complete checkpoint dir at `out` whose config carries the chosen decoding settings."""
+    config_path, tokenizer_dir = ckpt.find_run_files(src)
+    cfg = load_config(config_path)
+    cfg = dataclasses.replace(
+        cfg, decode=dataclasses.replace(cfg.decode, beam_size=beam, length_penalty=length_penalty)
+    )
+    if state is None:
+        state = ckpt.read_weights(src / ckpt.WEIGHTS)
+    ckpt.write_checkpoint_dir(out, cfg, tokenizer_dir, state)
+    save_config(cfg, out / ckpt.CONFIG)
+    return out
+
+
+def val_bleu(path: Path, data: Path, beam: int, length_penalty: float | None = None) -> float:
+    """BLEU of a checkpoint on val (the only split used for choices)."""
+    kwargs = {} if length_penalty is None else {"length_penalty": length_penalty}
+    report = evaluate(Translator.from_checkpoint(path), data / "val.de", data / "val.en", beam_size=beam, **kwargs)
+    return report["bleu"]
+
+
+def choose_checkpoint(run_dir: Path, data: Path, work: Path) -> tuple[Path, list[dict]]:
+    """Best-BLEU weights, the last step, and averages of the last N checkpoints, compared on val with beam 5."""
+    steps = ckpt.step_dirs(run_dir)
+    candidates = {"best_valid_bleu": run_dir, "last": steps[-1][1]}
+    for n in (4, 8, 12):
+        if len(steps) >= n:
+            candidates[f"average_last_{n}"] = ckpt.average_checkpoints([p for _, p in steps[-n:]], work / f"avg{n}")
+    table = []
+    for name, path in candidates.items():
+        table.append({"checkpoint": name, "val_bleu_beam5": round(val_bleu(path, data, 5), 2)})
+        print(table[-1], flush=True)
+    best = max(table, key=lambda r: r["val_bleu_beam5"])
+    return candidates[best["checkpoint"]], table
+
+
+def choose_decoding(path: Path, data: Path) -> tuple[int, float, list[dict]]:
+    """Beam size and GNMT length penalty, chosen on val."""
+    table = []
+    for beam, lp in ((5, 0.6), (5, 1.0), (5, 1.4), (8, 1.0), (3, 1.0)):
+        table.append({"beam": beam, "length_penalty": lp, "val_bleu": round(val_bleu(path, data, beam, lp), 2)})
+        print(table[-1], flush=True)
+    best = max(table, key=lambda r: r["val_bleu"])
+    return best["beam"], best["length_penalty"], table
+
+
+def nanomt_evaluate(path: Path, data: Path, split: str = "test2016") -> dict:
+    """`nanomt evaluate --json` on a split: the number that goes into the results."""
+    cmd = [
+        *NANOMT,
+        "evaluate",
+        str(path),
+        "--src",
+        str(data / f"{split}.de"),
+        "--ref",
+        str(data / f"{split}.en"),
+        "--json",
+    ]
+    print("$", " ".join(cmd), flush=True)
+    return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+
+
+def checkpoint_at_minutes(run_dir: Path, minutes: float) -> tuple[int, Path] | None:
+    """The last checkpoint written within the first `minutes` of training."""
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    elapsed = {r["step"]: r["elapsed_s"] for r in rows if "loss" in r}
+    inside = [(s, p) for s, p in ckpt.step_dirs(run_dir) if s in elapsed and elapsed[s] <= minutes * 60]
+    return inside[-1] if inside else None
+
+
+def ablation(config: Path, data: Path, root: Path, minutes: float, step_seconds: float) -> list[dict]:
+    """Short runs differing in one choice each, compared on val (greedy during training, beam 5 at the end)."""
+    steps = int(minutes * 60 / step_seconds)
+    base = data_overrides(data) + [
+        f"train.max_minutes={minutes}",
+        f"train.max_steps={steps}",
+        f"train.eval_every={max(steps // 3, 1)}",
+        f"train.save_every={steps}",
+    ]
+    variants = {
+        "recipe (post-norm, sinusoidal, label smoothing 0.1)": [],
+        "pre-norm": ["model.norm_first=true"],
+        "learned positions": ["model.positional=learned"],
+        "label smoothing 0": ["train.label_smoothing=0.0"],
+    }
+    rows = []
+    for name, extra in variants.items():
+        run_dir = root / name.split(" ")[0].replace("-", "_")
+        run_training(config, run_dir, base + extra)
+        summary = training_summary(run_dir)
+        rows.append(
+            {
+                "variant": name,
+                "overrides": extra,
+                "minutes": minutes,
+                "steps": summary["steps"],
+                "val_bleu_greedy_best": summary["best_valid_greedy_bleu"],
+                "val_bleu_beam5_final": round(val_bleu(ckpt.step_dirs(run_dir)[-1][1], data, 5), 2),
+            }
+        )
+        print(rows[-1], flush=True)
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data" / "multi30k")
+    p.add_argument("--config", type=Path, default=ROOT / "configs" / "multi30k_de_en.yaml")
+    p.add_argument("--run-dir", type=Path, default=ROOT / "runs" / "multi30k_de_en")
+    p.add_argument("--ablation-minutes", type=float, default=0.0, help="also run the ablation (0: skip)")
+    p.add_argument("--out", type=Path, default=RESULTS / "multi30k_de_en.json")
+    args = p.parse_args()
+    data, run_dir = args.data.resolve(), args.run_dir
+    for f in ("train.de", "train.en", "val.de", "val.en", "test2016.de", "test2016.en"):
+        if not (data / f).is_file():
+            sys.exit(f"multi30k.py: error: {data / f} not found (give the data directory with --data)")
+    torch.set_num_threads(os.cpu_count() or 1)
+
+    start = time.time()
+    run_training(args.config, run_dir, data_overrides(data))
+    summary = training_summary(run_dir)
+    work = run_dir / "selection"
+    chosen, checkpoints = choose_checkpoint(run_dir, data, work)
+    beam, lp, decoding = choose_decoding(chosen, data)
+    final = with_decoding(chosen, run_dir / "final", None, beam, lp)
+    test = nanomt_evaluate(final, data)
+    print(f"test2016: BLEU {test['bleu']:.2f}, chrF {test['chrf']:.2f}", flush=True)
+
+    at30 = checkpoint_at_minutes(run_dir, 30)
+    result_30 = None
+    if at30:
+        path30 = with_decoding(at30[1], work / "at_30_minutes", None, beam, lp)
+        r = nanomt_evaluate(path30, data)
+        result_30 = {"step": at30[0], "bleu": r["bleu"], "chrf": r["chrf"]}
+
+    cfg = load_config(run_dir / ckpt.CONFIG)
+    model, _, _ = ckpt.load_checkpoint(final)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    curves = plot_curves(run_dir / "metrics.jsonl", args.out.with_name(args.out.stem + "_curves.png"))
+    result = {
+        "task": "Multi30k de->en, test2016, detokenized cased sacreBLEU (13a)",
+        "bleu": test["bleu"],
+        "chrf": test["chrf"],
+        "bleu_signature": test["bleu_signature"],
+        "chrf_signature": test["chrf_signature"],
+        "test_sentences": test["sentences"],
+        "test_decoding_seconds": test["seconds"],
+        "test_sentences_per_s": test["sentences_per_s"],
+        "after_30_minutes": result_30,
+        "parameters": model.num_parameters(),
+        **summary,
+        "chosen_checkpoint": checkpoints and max(checkpoints, key=lambda r: r["val_bleu_beam5"])["checkpoint"],
+        "checkpoint_selection_on_val": checkpoints,
+        "decoding_selection_on_val": decoding,
+        "beam_size": beam,
+        "length_penalty": lp,
+        "config": json.loads(json.dumps(dataclasses.asdict(cfg))),
+        "baselines_same_machine": {
+            "hf_marian_from_scratch_54min": {"bleu": 40.82, "chrf": 60.49},
+            "opus_mt_de_en_pretrained": {"bleu": 39.7, "chrf": 60.6},
+        },
+        "machine": machine(),
+        "curves_png": str(curves.relative_to(ROOT)),
+        "recipe_wall_seconds_incl_selection": round(time.time() - start, 1),
+    }
+    if args.ablation_minutes > 0:
+        step_seconds = summary["train_wall_seconds"] / summary["steps"]
+        result["ablation_on_val"] = ablation(
+            args.config, data, ROOT / "runs" / "multi30k_ablation", args.ablation_minutes, step_seconds
+        )
+    elif args.out.is_file():  # keep an earlier ablation when only the main recipe is re-run
+        result["ablation_on_val"] = json.loads(args.out.read_text()).get("ablation_on_val")
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
