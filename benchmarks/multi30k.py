@@ -204,6 +204,7 @@ def main() -> None:
     p.add_argument("--config", type=Path, default=ROOT / "configs" / "multi30k_de_en.yaml")
     p.add_argument("--run-dir", type=Path, default=ROOT / "runs" / "multi30k_de_en")
     p.add_argument("--ablation-minutes", type=float, default=0.0, help="also run the ablation (0: skip)")
+    p.add_argument("--ablation-only", action="store_true", help="add the ablation to an existing results file")
     p.add_argument("--out", type=Path, default=RESULTS / "multi30k_de_en.json")
     args = p.parse_args()
     data, run_dir = args.data.resolve(), args.run_dir
@@ -211,6 +212,15 @@ def main() -> None:
         if not (data / f).is_file():
             sys.exit(f"multi30k.py: error: {data / f} not found (give the data directory with --data)")
     torch.set_num_threads(os.cpu_count() or 1)
+    if args.ablation_only:
+        result = json.loads(args.out.read_text())
+        step_seconds = result["train_wall_seconds"] / result["steps"]
+        result["ablation_on_val"] = ablation(
+            args.config, data, ROOT / "runs" / "multi30k_ablation", args.ablation_minutes, step_seconds
+        )
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {args.out}")
+        return
 
     start = time.time()
     run_training(args.config, run_dir, data_overrides(data))

@@ -143,6 +143,22 @@ def cmd_demo(args: argparse.Namespace) -> None:
     run_demo(Path(args.out), steps=args.steps, pairs=args.pairs)
 
 
+def cmd_serve(args: argparse.Namespace) -> None:
+    try:
+        from nanomt.serve import serve
+    except ImportError as e:  # fastapi and uvicorn are an optional extra
+        print(f"nanomt: error: serve needs FastAPI and uvicorn ({e}); pip install 'nanomt[serve]'", file=sys.stderr)
+        sys.exit(1)
+    serve(
+        args.checkpoint,
+        host=args.host,
+        port=args.port,
+        beam_size=args.beam,
+        max_batch_tokens=args.max_batch_tokens,
+        device=args.device,
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nanomt", description="The original Transformer for machine translation.")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -212,6 +228,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--steps", type=int, default=None, help="training steps (default: configs/demo.yaml)")
     s.add_argument("--pairs", type=int, default=None, help="training pairs (default: the demo's)")
     s.set_defaults(func=cmd_demo)
+
+    s = sub.add_parser("serve", help="HTTP JSON API and a web page to translate and see attention")
+    s.add_argument("checkpoint")
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--beam", type=int, default=None, help="default beam size (default: the checkpoint's)")
+    s.add_argument("--max-batch-tokens", type=int, default=None, help="source tokens per decoding batch")
+    s.add_argument("--device", default="cpu")
+    s.set_defaults(func=cmd_serve)
     return p
 
 

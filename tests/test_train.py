@@ -26,6 +26,14 @@ def test_inverse_sqrt_schedule():
     assert max(lr_at(s, tc, 512) for s in range(1, 1000)) == pytest.approx(1e-3)
 
 
+def test_linear_schedule_decays_to_zero_at_max_steps():
+    tc = TrainConfig(lr=1e-3, warmup_steps=100, schedule="linear", max_steps=1100)
+    assert lr_at(50, tc, 512) == pytest.approx(5e-4)
+    assert lr_at(100, tc, 512) == pytest.approx(1e-3)
+    assert lr_at(600, tc, 512) == pytest.approx(5e-4)
+    assert lr_at(1100, tc, 512) == 0.0 and lr_at(2000, tc, 512) == 0.0
+
+
 def test_noam_schedule_is_the_papers_formula():
     tc = TrainConfig(lr=1.0, warmup_steps=4000, schedule="noam")
     for step in (1, 100, 4000, 10000, 100000):

@@ -1,0 +1,354 @@
+"""nanomt serve: the JSON API via TestClient, a load test on a real server process, the page in headless Chromium."""
+
+import os
+import socket
+import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import torch
+from conftest import NANOMT, tiny_config
+from fastapi.testclient import TestClient
+
+from nanomt.config import config_from_dict
+from nanomt.serve import create_app
+from nanomt.train import train
+from nanomt.translate import Translator
+
+CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
+CHROME_FLAGS = [
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--window-size=1100,1000",
+]
+
+
+@pytest.fixture(scope="module")
+def run_dir(toy_corpus, tmp_path_factory):
+    """A tiny model trained for a few seconds (its checkpoint's default beam is 2)."""
+    torch.set_num_threads(1)
+    cfg = config_from_dict(tiny_config(toy_corpus, max_steps=60, eval_every=60, save_every=60))
+    return train(cfg, tmp_path_factory.mktemp("serve") / "run")
+
+
+@pytest.fixture(scope="module")
+def translator(run_dir):
+    return Translator.from_checkpoint(run_dir)
+
+
+@pytest.fixture(scope="module")
+def sentences(toy_corpus):
+    return toy_corpus["test.src"].read_text().splitlines()[:6]
+
+
+@pytest.fixture(scope="module")
+def client(translator):
+    """An app with small limits, so the limits are cheap to hit."""
+    with TestClient(create_app(translator, max_sentences=4, max_chars=300)) as c:
+        yield c
+
+
+def test_translate_equals_the_translator(client, translator, sentences):
+    res = client.post("/translate", json={"text": sentences[:3], "beam_size": 1})
+    assert res.status_code == 200, res.text
+    body = res.json()
+    assert body["translations"] == translator.translate(sentences[:3], beam_size=1)
+    assert isinstance(body["seconds"], float) and body["seconds"] >= 0
+    # One string is a list of one; no beam_size means the checkpoint's (2); empty lines stay empty.
+    res = client.post("/translate", json={"text": sentences[3]})
+    assert res.json()["translations"] == translator.translate([sentences[3]], beam_size=2)
+    res = client.post("/translate", json={"text": ["", sentences[4]], "beam_size": 3})
+    assert res.json()["translations"] == ["", translator.translate([sentences[4]], beam_size=3)[0]]
+
+
+def test_default_beam_comes_from_the_app(translator, sentences):
+    with TestClient(create_app(translator, default_beam=1)) as c:
+        assert c.post("/translate", json={"text": sentences[:2]}).json()["translations"] == translator.translate(
+            sentences[:2], beam_size=1
+        )
+        assert c.get("/health").json()["default_beam"] == 1
+    with pytest.raises(ValueError, match="beam size"):
+        create_app(translator, default_beam=17)
+
+
+def test_attention_is_the_cross_attention_of_the_translation(client, translator, sentences):
+    res = client.post("/attention", json={"text": sentences[0], "beam_size": 2})
+    assert res.status_code == 200, res.text
+    body = res.json()
+    att = translator.attention(sentences[0], beam_size=2)
+    assert body["src_tokens"] == att.src_tokens and body["tgt_tokens"] == att.tgt_tokens
+    assert body["translation"] == att.translation == translator.translate([sentences[0]], beam_size=2)[0]
+    cross = np.array(body["cross_attention"])  # (layers, H, T, S)
+    cfg = translator.cfg.model
+    assert cross.shape == (cfg.n_decoder_layers, cfg.n_heads, len(att.tgt_tokens), len(att.src_tokens))
+    np.testing.assert_array_equal(cross, np.round(np.stack(att.cross).astype(np.float64), 4))
+    assert all(len(repr(x).split(".")[-1]) <= 4 for x in cross.ravel().tolist())  # 4 decimals, no float32 noise
+    np.testing.assert_allclose(cross.sum(-1), 1.0, atol=1e-3)  # each row is a distribution over the source
+
+
+def test_health_page_and_docs(client, translator):
+    health = client.get("/health").json()
+    assert health["status"] == "ok" and health["default_beam"] == 2
+    assert health["model"]["n_heads"] == translator.cfg.model.n_heads
+    assert health["limits"] == {"max_sentences": 4, "max_chars": 300, "max_beam": 16}
+    page = client.get("/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    for marker in ('id="source"', 'id="translate"', 'id="translation"', 'id="heatmap"', 'id="layer"', 'id="head"'):
+        assert marker in page.text
+    assert client.get("/docs").status_code == 200
+    paths = client.get("/openapi.json").json()["paths"]
+    assert {"/translate", "/attention", "/health"} <= set(paths)
+
+
+BAD_REQUESTS = [
+    ("/translate", b'{"text": ["la nuka', 400, "malformed JSON"),
+    ("/translate", b"not json at all", 400, "malformed JSON"),
+    ("/translate", {"text": 5}, 422, "text"),
+    ("/translate", {"text": [5]}, 422, "text"),
+    ("/translate", {"text": []}, 422, "text"),
+    ("/translate", {"texts": ["a"]}, 422, "text"),
+    ("/translate", ["a", "b"], 422, "invalid request"),
+    ("/translate", {"text": ["a"], "beam_size": 0}, 422, "beam_size"),
+    ("/translate", {"text": ["a"], "beam_size": 17}, 422, "beam_size"),
+    ("/translate", {"text": ["a"], "beam_size": "5"}, 422, "beam_size"),
+    ("/translate", {"text": ["a"], "beam_size": True}, 422, "beam_size"),
+    ("/translate", {"text": ["a"], "beam_size": 2.5}, 422, "beam_size"),
+    ("/translate", {"text": ["a"] * 5}, 413, "5 sentences"),
+    ("/translate", {"text": ["a" * 200, "b" * 101]}, 413, "301 characters"),
+    ("/translate", {"text": ["x" * 100_000]}, 413, "bytes"),
+    ("/attention", {"text": ["a"]}, 422, "text"),
+    ("/attention", {"text": ""}, 422, "text"),
+    ("/attention", {"text": "a" * 301}, 413, "301 characters"),
+    ("/attention", {"text": "a", "beam_size": 99}, 422, "beam_size"),
+]
+
+
+@pytest.mark.parametrize("path,body,status,message", BAD_REQUESTS)
+def test_bad_input_is_a_4xx_json_error_and_the_server_goes_on(client, sentences, path, body, status, message):
+    if isinstance(body, bytes):
+        res = client.post(path, content=body, headers={"content-type": "application/json"})
+    else:
+        res = client.post(path, json=body)
+    assert res.status_code == status, res.text
+    error = res.json()
+    assert isinstance(error["error"], str) and message in error["error"]
+    assert client.post(path, json={"text": sentences[0]}).status_code == 200
+
+
+def test_default_limits_wrong_method_and_content_type(translator):
+    with TestClient(create_app(translator)) as c:
+        res = c.post("/translate", json={"text": ["a"] * 65})
+        assert res.status_code == 413 and "limit is 64" in res.json()["error"]
+        res = c.post("/translate", json={"text": ["a" * 5000, "b" * 5001]})
+        assert res.status_code == 413 and "limit is 10000" in res.json()["error"]
+        res = c.get("/translate")
+        assert res.status_code == 405 and "error" in res.json()
+        res = c.post("/translate", content=b'{"text": "a"}', headers={"content-type": "text/plain"})
+        assert res.status_code == 415 and "Content-Type: application/json" in res.json()["error"]
+        assert c.post("/translate", data={"text": "a"}).status_code == 415  # a form, as `curl -d` sends
+
+
+class CountingTranslator:
+    """Wraps a Translator and records how many threads are inside the model at once."""
+
+    def __init__(self, inner: Translator):
+        self.inner, self.cfg, self.device = inner, inner.cfg, inner.device
+        self.inside = self.most_inside = 0
+        self.guard = threading.Lock()
+
+    def translate(self, sentences, **kwargs):
+        with self.guard:
+            self.inside += 1
+            self.most_inside = max(self.most_inside, self.inside)
+        try:
+            time.sleep(0.02)  # widen the window in which a missing lock would let two threads overlap
+            return self.inner.translate(sentences, **kwargs)
+        finally:
+            with self.guard:
+                self.inside -= 1
+
+
+def test_model_is_entered_by_one_thread_at_a_time_and_health_stays_responsive(translator, sentences):
+    counting = CountingTranslator(translator)
+    with TestClient(create_app(counting)) as c:
+
+        def one(i):
+            return c.post("/translate", json={"text": sentences[i % 3], "beam_size": 1}).json()["translations"]
+
+        with ThreadPoolExecutor(8) as pool:
+            futures = [pool.submit(one, i) for i in range(32)]
+            time.sleep(0.1)
+            start = time.perf_counter()
+            assert c.get("/health").json()["status"] == "ok"
+            health_seconds = time.perf_counter() - start
+            results = [f.result(timeout=120) for f in futures]
+    assert counting.most_inside == 1
+    expected = translator.translate(sentences[:3], beam_size=1)
+    assert results == [[expected[i % 3]] for i in range(32)]
+    # 32 serialized requests take >= 0.64 s of sleeping alone; /health must not queue behind them.
+    assert health_seconds < 0.5
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(run_dir, tmp_path_factory):
+    """A real `nanomt serve` process on 127.0.0.1 and a free port; its URL."""
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("server") / "server.log"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [*NANOMT, "serve", str(run_dir), "--host", "127.0.0.1", "--port", str(port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, f"server exited: {log_path.read_text()}"
+            assert time.monotonic() < deadline, f"server not up in 120 s: {log_path.read_text()}"
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        yield url
+        assert proc.poll() is None, f"server died: {log_path.read_text()}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=20)
+
+
+def test_load_on_a_real_server(server, translator, sentences):
+    payloads = [
+        ("/translate", {"text": sentences[0]}),
+        ("/translate", {"text": sentences[1:3], "beam_size": 1}),
+        ("/translate", {"text": sentences[3:6], "beam_size": 3}),
+        ("/translate", {"text": [sentences[2], "", sentences[4]]}),
+        ("/attention", {"text": sentences[5], "beam_size": 2}),
+    ]
+    clients, per_client = 8, 26  # 208 requests
+
+    def client_loop(c: int) -> list[tuple[int, int, dict | str]]:
+        out = []
+        with httpx.Client(base_url=server, timeout=60) as http:
+            for j in range(per_client):
+                k = (c + j) % len(payloads)
+                try:
+                    res = http.post(payloads[k][0], json=payloads[k][1])
+                    body = res.json()
+                    body.pop("seconds", None)
+                    out.append((k, res.status_code, body))
+                except (httpx.HTTPError, ValueError) as e:
+                    out.append((k, -1, repr(e)))
+        return out
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        results = [r for rs in pool.map(client_loop, range(clients)) for r in rs]
+    seconds = time.perf_counter() - start
+    assert len(results) == clients * per_client >= 200
+    errors = [r for r in results if r[1] != 200]
+    assert not errors, errors[:3]
+    answers = {k: {repr(body) for kk, _, body in results if kk == k} for k in range(len(payloads))}
+    assert all(len(a) == 1 for a in answers.values()), "identical requests got different answers"
+    by_payload = {k: body for k, _, body in results}
+    for k, (_, payload) in enumerate(payloads[:4]):
+        texts = [payload["text"]] if isinstance(payload["text"], str) else payload["text"]
+        assert by_payload[k]["translations"] == translator.translate(texts, beam_size=payload.get("beam_size", 2))
+    assert by_payload[4]["translation"] == translator.attention(sentences[5], beam_size=2).translation
+    print(f"{len(results)} requests from {clients} clients in {seconds:.1f} s ({len(results) / seconds:.0f}/s)")
+
+
+CANVAS_PIXELS_JS = """
+const c = document.getElementById('heatmap');
+const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+let coloured = 0; const colours = new Set();
+for (let i = 0; i < d.length; i += 4) {
+  if (d[i + 3] > 0 && !(d[i] > 245 && d[i + 1] > 245 && d[i + 2] > 245)) coloured++;
+  colours.add((d[i] << 16) | (d[i + 1] << 8) | d[i + 2]);
+}
+return [coloured, colours.size, c.width * c.height];
+"""
+
+
+@pytest.fixture
+def browser(tmp_path):
+    """Headless Debian Chromium through Selenium and chromedriver (no browser download)."""
+    if not (CHROMIUM.is_file() and CHROMEDRIVER.is_file()):
+        pytest.skip(
+            "the browser test needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver)"
+        )
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in [*CHROME_FLAGS, f"--user-data-dir={tmp_path / 'profile'}"]:
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def test_page_translates_and_draws_the_heatmap(browser, server, translator, sentences, tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.select import Select
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    wait = WebDriverWait(browser, 60)
+    browser.get(server + "/")
+    assert "nanomt" in browser.title
+    wait.until(lambda d: "d_model" in d.find_element(By.ID, "model-info").text)  # /health has answered
+    browser.find_element(By.ID, "source").send_keys(sentences[0])
+    browser.find_element(By.ID, "translate").click()
+    canvas = browser.find_element(By.ID, "heatmap")
+    wait.until(lambda d: canvas.get_attribute("data-drawn") == "true")
+
+    att = translator.attention(sentences[0], beam_size=2)
+    assert browser.find_element(By.ID, "translation").text == (att.translation or "(empty translation)")
+    rows, cols = len(att.tgt_tokens), len(att.src_tokens)
+    assert canvas.get_attribute("data-cells") == str(rows * cols)
+    coloured, colours, total = browser.execute_script(CANVAS_PIXELS_JS)
+    assert coloured > 0.2 * total and colours > 8, (coloured, colours, total)
+    head = Select(browser.find_element(By.ID, "head"))
+    assert [o.text for o in head.options][-1] == "average of heads"
+    assert len(Select(browser.find_element(By.ID, "layer")).options) == translator.cfg.model.n_decoder_layers
+    head.select_by_visible_text("head 0")
+    assert browser.execute_script(CANVAS_PIXELS_JS)[0] > 0.2 * total
+    browser.save_screenshot(str(tmp_path / "serve.png"))
+    assert (tmp_path / "serve.png").stat().st_size > 10_000
+
+    # Enter translates too, and a new sentence redraws the heatmap with its own size.
+    box = browser.find_element(By.ID, "source")
+    box.clear()
+    box.send_keys(sentences[1], Keys.ENTER)
+    att = translator.attention(sentences[1], beam_size=2)
+    wait.until(lambda d: d.find_element(By.ID, "translation").text == att.translation)
+    assert canvas.get_attribute("data-cells") == str(len(att.tgt_tokens) * len(att.src_tokens))
+    assert not browser.find_element(By.ID, "error").is_displayed()
