@@ -170,18 +170,20 @@ def ablation(config: Path, data: Path, root: Path, minutes: float, step_seconds:
     base = data_overrides(data) + [
         f"train.max_minutes={minutes}",
         f"train.max_steps={steps}",
-        f"train.eval_every={max(steps // 3, 1)}",
+        f"train.warmup_steps={max(steps // 8, 1)}",  # the recipe's schedule, shrunk to the short budget
+        f"train.eval_every={max(steps // 2, 1)}",
         f"train.save_every={steps}",
     ]
-    variants = {
-        "recipe (post-norm, sinusoidal, label smoothing 0.1)": [],
-        "pre-norm": ["model.norm_first=true"],
-        "learned positions": ["model.positional=learned"],
-        "label smoothing 0": ["train.label_smoothing=0.0"],
+    variants = {  # label: (run directory name, overrides)
+        "recipe (post-norm, sinusoidal, label smoothing 0.1)": ("recipe", []),
+        "pre-norm": ("pre_norm", ["model.norm_first=true"]),
+        "learned positions": ("learned_positions", ["model.positional=learned"]),
+        "label smoothing 0": ("no_label_smoothing", ["train.label_smoothing=0.0"]),
+        "init N(0, 0.02), as Marian": ("init_002", ["model.init_std=0.02"]),
     }
     rows = []
-    for name, extra in variants.items():
-        run_dir = root / name.split(" ")[0].replace("-", "_")
+    for name, (dirname, extra) in variants.items():
+        run_dir = root / dirname
         run_training(config, run_dir, base + extra)
         summary = training_summary(run_dir)
         rows.append(

@@ -41,6 +41,9 @@ class ModelConfig:
     tie_output: bool = False
     pad_id: int = 0
     layer_norm_eps: float = 1e-5
+    # None: Xavier-uniform matrices and N(0, d_model^-1/2) embeddings; a number: N(0, init_std) for both
+    # (BERT/Marian's 0.02 makes Adam's steps larger relative to the weights).
+    init_std: float | None = None
 
     def __post_init__(self):
         for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff", "max_positions"):
@@ -65,6 +68,8 @@ class ModelConfig:
                 "share_embeddings needs src_vocab_size == tgt_vocab_size, "
                 f"got {self.src_vocab_size} and {self.tgt_vocab_size}"
             )
+        if self.init_std is not None and self.init_std <= 0:
+            raise ValueError(f"init_std must be > 0, got {self.init_std}")
         if not 0 <= self.pad_id < min(self.src_vocab_size, self.tgt_vocab_size):
             raise ValueError(f"pad_id ({self.pad_id}) must be a valid token id in both vocabularies")
 

@@ -381,16 +381,17 @@ class Transformer(nn.Module):
             self.output.weight = self.tgt_embed.tokens.weight
 
     def reset_parameters(self) -> None:
-        """Xavier-uniform for projection matrices, zero biases; N(0, D^-1/2) embeddings (scaled by sqrt(D))."""
+        """Xavier-uniform matrices, zero biases, N(0, D^-1/2) embeddings (scaled by sqrt(D)); or N(0, init_std)."""
+        std = self.cfg.init_std
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 # Fused Q/K/V and K/V projections are initialized as the separate D x D matrices they stand for.
                 for chunk in module.weight.data.split(self.cfg.d_model, dim=0):
-                    nn.init.xavier_uniform_(chunk)
+                    nn.init.xavier_uniform_(chunk) if std is None else nn.init.normal_(chunk, 0.0, std)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
             elif isinstance(module, nn.Embedding):
-                nn.init.normal_(module.weight, mean=0.0, std=self.cfg.d_model**-0.5)
+                nn.init.normal_(module.weight, mean=0.0, std=self.cfg.d_model**-0.5 if std is None else std)
 
     def num_parameters(self) -> int:
         """Trainable parameters, each shared tensor counted once."""
