@@ -732,3 +732,18 @@ def test_dropout_keeps_one_minus_p_and_preserves_the_mean(p):
     torch.manual_seed(0)
     assert torch.equal(dropout(x, p), y)  # reproducible from the torch seed, as exact resume needs
     assert dropout(x, p, training=False) is x
+
+
+def test_init_std_option():
+    """init_std=None keeps Xavier matrices and N(0, D^-1/2) embeddings; a number gives N(0, init_std) to both."""
+    torch.manual_seed(0)
+    d = 64
+    xavier = Transformer(ModelConfig(2000, 2000, d_model=d, n_heads=4, d_ff=256))
+    w1 = xavier.encoder[0].ffn.w1.weight
+    assert abs(w1.std().item() - (2 / (d + 256)) ** 0.5) < 0.01  # Xavier-uniform: var = 2 / (fan_in + fan_out)
+    assert abs(xavier.src_embed.tokens.weight.std().item() - d**-0.5) < 0.01
+    small = Transformer(ModelConfig(2000, 2000, d_model=d, n_heads=4, d_ff=256, init_std=0.02))
+    for p in (small.encoder[0].ffn.w1.weight, small.decoder[0].self_attn.qkv.weight, small.src_embed.tokens.weight):
+        assert abs(p.std().item() - 0.02) < 0.002
+    with pytest.raises(ValueError, match="init_std"):
+        ModelConfig(10, 10, d_model=8, n_heads=2, init_std=0.0)
