@@ -383,10 +383,13 @@ class Transformer(nn.Module):
     def reset_parameters(self) -> None:
         """Xavier-uniform matrices, zero biases, N(0, D^-1/2) embeddings (scaled by sqrt(D)); or N(0, init_std)."""
         std = self.cfg.init_std
+        # Fused Q/K/V and K/V projections are initialized as the separate D x D matrices they stand for.
+        fused = {m.qkv for m in self.modules() if isinstance(m, SelfAttention)}
+        fused |= {m.kv for m in self.modules() if isinstance(m, CrossAttention)}
         for module in self.modules():
             if isinstance(module, nn.Linear):
-                # Fused Q/K/V and K/V projections are initialized as the separate D x D matrices they stand for.
-                for chunk in module.weight.data.split(self.cfg.d_model, dim=0):
+                w = module.weight.data
+                for chunk in w.split(self.cfg.d_model, dim=0) if module in fused else (w,):
                     nn.init.xavier_uniform_(chunk) if std is None else nn.init.normal_(chunk, 0.0, std)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)

@@ -62,11 +62,13 @@ def _no_data(ax: Axes, title: str) -> None:
 
 
 def plot_positions(
-    path: str | Path, d_model: int = 128, n_positions: int = 100, dims: tuple[int, ...] = (4, 5, 20, 40)
+    path: str | Path, d_model: int = 128, n_positions: int = 100, dims: tuple[int, ...] | None = None
 ) -> Path:
     """3.5: a few sinusoidal encoding dimensions over positions, and the whole (positions x d_model) table."""
     if d_model < 2 or d_model % 2 or n_positions < 1:
         raise ValueError(f"need an even d_model >= 2 and n_positions >= 1, got {d_model=} and {n_positions=}")
+    if dims is None:  # a spread of wavelengths: ~8, ~8, ~26 and ~112 positions at d_model 128
+        dims = tuple(d for d in (4, 5, 20, 40) if d < d_model)
     bad = [d for d in dims if not 0 <= d < d_model]
     if bad:
         raise ValueError(f"dims {bad} are outside 0..{d_model - 1} (d_model={d_model})")
