@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from nanomt import checkpoint as ckpt
-from nanomt.config import load_config, save_config
+from nanomt.config import load_config
 from nanomt.evaluate import evaluate
 from nanomt.plots import plot_curves, read_metrics
 from nanomt.translate import Translator
@@ -103,9 +103,7 @@ def with_decoding(src: Path, out: Path, state: dict | None, beam: int, length_pe
     )
     if state is None:
         state = ckpt.read_weights(src / ckpt.WEIGHTS)
-    ckpt.write_checkpoint_dir(out, cfg, tokenizer_dir, state)
-    save_config(cfg, out / ckpt.CONFIG)
-    return out
+    return ckpt.write_checkpoint_dir(out, cfg, tokenizer_dir, state)
 
 
 def val_bleu(path: Path, data: Path, beam: int, length_penalty: float | None = None) -> float:

@@ -25,7 +25,7 @@ def _open_out(path: str | None):
 
 
 def cmd_translate(args: argparse.Namespace) -> None:
-    from nanomt.evaluate import read_lines
+    from nanomt.data import read_lines
     from nanomt.translate import Translator
 
     translator = Translator.from_checkpoint(args.checkpoint, device=args.device)

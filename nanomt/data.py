@@ -63,6 +63,11 @@ def _lines(path: Path) -> Iterator[str]:
             yield (line.removeprefix("\ufeff") if n == 1 else line).rstrip("\r\n")
 
 
+def read_lines(path: str | Path) -> list[str]:
+    """All lines of a UTF-8 text file, without line endings (one-line errors for a missing file or bad bytes)."""
+    return list(_lines(Path(path)))
+
+
 def _tsv_fields(line: str, path: Path, n: int) -> tuple[str, str]:
     fields = line.split("\t")
     if len(fields) != 2:

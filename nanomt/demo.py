@@ -8,7 +8,8 @@ from pathlib import Path
 
 from nanomt import plots
 from nanomt.config import load_config
-from nanomt.evaluate import evaluate, read_lines
+from nanomt.data import read_lines
+from nanomt.evaluate import evaluate
 from nanomt.synthetic import write_corpus
 from nanomt.train import train
 from nanomt.translate import Translator

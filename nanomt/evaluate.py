@@ -6,24 +6,9 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from nanomt.data import CorpusError
+from nanomt.data import CorpusError, read_lines
 from nanomt.metrics import score
 from nanomt.translate import Translator
-
-
-def read_lines(path: str | Path) -> list[str]:
-    """Lines of a UTF-8 text file without their newlines; one-line errors for a missing or non-UTF-8 file."""
-    path = Path(path)
-    if not path.is_file():
-        raise CorpusError(f"file not found: {path}")
-    lines = []
-    with open(path, "rb") as f:
-        for n, raw in enumerate(f, 1):
-            try:
-                lines.append(raw.decode("utf-8").rstrip("\r\n"))
-            except UnicodeDecodeError:
-                raise CorpusError(f"{path}: line {n}: invalid UTF-8") from None
-    return lines
 
 
 def evaluate(

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from nanomt import checkpoint as ckpt
-from nanomt.config import Config, SplitConfig, TrainConfig, config_from_dict, load_config, save_config, to_dict
+from nanomt.config import Config, SplitConfig, TrainConfig, load_config, save_config, to_dict
 from nanomt.data import (
     Batch,
     Corpus,
@@ -32,10 +32,10 @@ from nanomt.data import (
     shard,
     split_pairs,
 )
-from nanomt.decode import greedy
 from nanomt.metrics import bleu
 from nanomt.model import Transformer
-from nanomt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, train_tokenizer
+from nanomt.tokenizer import PAD_ID, Tokenizer, train_tokenizer
+from nanomt.translate import Translator
 
 log = logging.getLogger("nanomt")
 
@@ -237,25 +237,6 @@ def evaluate_loss(model, corpus: Corpus, cfg: Config, device: torch.device) -> f
     return total / max(tokens, 1)
 
 
-@torch.no_grad()
-def greedy_translate(model, tokenizer: Tokenizer, sentences: list[str], cfg: Config, device) -> list[str]:
-    """Greedy translations in token-budget batches, in input order (used for validation BLEU)."""
-    limit = cfg.model.max_positions - 1
-    ids = [s[: limit - 1] + [EOS_ID] for s in tokenizer.encode_src(sentences)]
-    lens = np.array([len(s) for s in ids])
-    out: list[list[int]] = [[] for _ in ids]
-    for idx in make_batches(lens, lens, cfg.train.max_tokens, 0, 0, shuffle=False):
-        src = torch.full((len(idx), int(lens[idx].max())), PAD_ID, dtype=torch.long)
-        for row, i in enumerate(idx):
-            src[row, : lens[i]] = torch.tensor(ids[i])
-        max_len = lambda n: min(int(cfg.decode.max_len_a * n + cfg.decode.max_len_b), limit)  # noqa: E731
-        with autocast(cfg.train.precision, device):
-            hyps = greedy(model, src.to(device), max_len, bos_id=BOS_ID, eos_id=EOS_ID)
-        for i, h in zip(idx, hyps):
-            out[i] = h
-    return tokenizer.decode_tgt(out)
-
-
 # ---------------------------------------------------------------------------------------------------------
 # The loop.
 # ---------------------------------------------------------------------------------------------------------
@@ -386,7 +367,10 @@ def train(cfg: Config, run_dir: str | Path) -> Path:
         vcorpus, srcs, refs = valid
         row = {"step": step, "epoch": epoch, "valid_loss": evaluate_loss(model, vcorpus, cfg, device)}
         if srcs:
-            row["valid_bleu"] = bleu(greedy_translate(model, tokenizer, srcs, cfg, device), refs)
+            translator = Translator(model, tokenizer, cfg, device)
+            with autocast(tc.precision, device):
+                hyps = translator.translate(srcs, beam_size=1, max_tokens=tc.max_tokens)
+            row["valid_bleu"] = bleu(hyps, refs)
         row["elapsed_s"] = round(elapsed, 2)
         model.train()
         metrics.write(row)
@@ -407,8 +391,9 @@ def train(cfg: Config, run_dir: str | Path) -> Path:
         signal.signal(signal.SIGINT, lambda *_: stop_requested.append(True))
 
     batches = epoch_batches(epoch)
+    padding = padding_fraction(batches, corpus.src_lens, corpus.tgt_lens)  # changes with the epoch only
     if rank == 0:
-        log.info("padding fraction %.3f", padding_fraction(batches, corpus.src_lens, corpus.tgt_lens))
+        log.info("padding fraction %.3f", padding)
     show_bar = rank == 0 and tc.progress and sys.stderr.isatty()
     bar = tqdm(total=tc.max_steps, initial=step, disable=not show_bar, dynamic_ncols=True, unit="step")
     model.train()
@@ -422,6 +407,7 @@ def train(cfg: Config, run_dir: str | Path) -> Path:
                 if batch_pos >= len(batches):
                     epoch, batch_pos = epoch + 1, 0
                     batches = epoch_batches(epoch)
+                    padding = padding_fraction(batches, corpus.src_lens, corpus.tgt_lens)
                 group.append(collate(corpus, batches[batch_pos]).to(device))
                 batch_pos += 1
             n_tokens = sum(b.n_tgt_tokens for b in group)
@@ -474,7 +460,7 @@ def train(cfg: Config, run_dir: str | Path) -> Path:
                     "lr": lr,
                     "tokens_per_s": window["tokens"] * world / max(window["time"], 1e-9),
                     "grad_norm": grad_norm,
-                    "padding": padding_fraction(batches, corpus.src_lens, corpus.tgt_lens),
+                    "padding": padding,
                     "elapsed_s": round(elapsed + dt, 2),
                 }
                 metrics.write(row)
@@ -544,6 +530,3 @@ def train_from_file(config_path: str | Path, run_dir: str | Path | None, overrid
     cfg = load_config(config_path, overrides)
     run_dir = Path(run_dir) if run_dir else Path("runs") / Path(config_path).stem
     return train(cfg, run_dir)
-
-
-__all__ = ["train", "train_from_file", "lr_at", "label_smoothed_loss", "TrainingError", "config_from_dict"]
