@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import functools
 import gc
 import importlib.metadata
@@ -51,7 +50,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -292,8 +290,10 @@ def bench_train(cfg_name: str, anchors: dict, warmup: int, reps: int) -> dict:
     print(f"== train {cfg_name}: building contenders", flush=True)
     contenders = [gemm_contender()]
     for name, (model, loss_fn) in train_trainees(c, anchors).items():
-        # AdamW as the anchors: lr 1e-4, eps 1e-9, PyTorch's default (for-loop) CPU implementation.
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, eps=1e-9)
+        # AdamW as the anchors' bench_train.py: lr 1e-4, eps 1e-9; the anchors with PyTorch's default (for-loop)
+        # CPU implementation, nanomt with the fused kernel that nanomt.train uses.
+        fused = name.startswith("nanomt")
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, eps=1e-9, fused=fused or None)
         for precision in ("fp32", "bf16"):
             contenders.append(train_contender(f"{name}/{precision}", model, loss_fn, optimizer, precision == "bf16"))
     timings = round_robin(contenders, warmup, reps)
@@ -370,21 +370,15 @@ def nanomt_decode_contenders(c: dict) -> tuple[list[Contender], dict]:
 
 
 def quantize_int8(model) -> tuple[object | None, dict]:
-    """torch.ao.quantization.quantize_dynamic on a copy (nn.Linear to int8); None and the error when it fails."""
-    import torch
-    import torch.nn as nn
+    """nanomt.quantize.quantize_int8 (what `translate --int8` uses); None and the error when it fails."""
+    from nanomt.quantize import quantize_int8 as quantize
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            from torch.ao.quantization import quantize_dynamic
-
-            quantized = quantize_dynamic(copy.deepcopy(model), {nn.Linear}, dtype=torch.qint8)
-        except Exception as e:
-            print(f"skipping nanomt_int8: quantize_dynamic failed: {e!r}", flush=True)
-            return None, {"api": "torch.ao.quantization.quantize_dynamic", "error": repr(e)}
-    note = {"api": "torch.ao.quantization.quantize_dynamic", "warnings": sorted({str(w.message) for w in caught})}
-    return quantized.eval(), note
+    api = "nanomt.quantize.quantize_int8 (torch.ao quantize_dynamic, per-channel qint8 weights)"
+    try:
+        return quantize(model), {"api": api}
+    except Exception as e:
+        print(f"skipping nanomt_int8: quantization failed: {e!r}", flush=True)
+        return None, {"api": api, "error": repr(e)}
 
 
 def mode_name(beams: int) -> str:
@@ -533,25 +527,80 @@ def decode_rows(timings: dict) -> dict:
 
 
 def bench_translate(checkpoint: str, src_file: str, warmup: int, reps: int) -> dict:
-    """Sentences/s of Translator.translate(lines, beam_size=5) over a whole file; warm-up on its first 100 lines."""
+    """Sentences/s of Translator.translate(lines, beam_size=5) over a whole file, float32 and int8, round-robin."""
     from nanomt.translate import Translator
 
-    translator = Translator.from_checkpoint(checkpoint)
     lines = Path(src_file).read_text(encoding="utf-8").splitlines()
     print(f"== translate {len(lines)} lines of {src_file} with {checkpoint}, beam 5", flush=True)
-    for _ in range(warmup):
-        translator.translate(lines[:100], beam_size=5)
-    outputs = []
-    run = timed(lambda: outputs.append(translator.translate(lines, beam_size=5)))
-    t = round_robin([Contender("nanomt_translate/beam5", run)], 0, reps)["nanomt_translate/beam5"]
-    t.update(
-        checkpoint=str(checkpoint),
-        src=str(src_file),
-        n_sentences=len(lines),
-        sentences_per_s=len(lines) / t["median_s"],
-        output_words=sum(len(x.split()) for x in outputs[-1]),
-    )
-    return t
+    contenders, outputs = [], {}
+    for precision in ("fp32", "int8"):
+        translator = Translator.from_checkpoint(checkpoint, int8=precision == "int8")
+        name = f"nanomt_translate_{precision}/beam5"
+        run = timed(lambda t=translator, n=name: outputs.__setitem__(n, t.translate(lines, beam_size=5)))
+        contenders.append(Contender(name, run))
+        for _ in range(warmup):  # on the first 100 lines: a whole file per warm-up round would double the run
+            translator.translate(lines[:100], beam_size=5)
+    timings = round_robin(contenders, 0, reps)
+    for name, t in timings.items():
+        t.update(
+            checkpoint=str(checkpoint),
+            src=str(src_file),
+            n_sentences=len(lines),
+            sentences_per_s=len(lines) / t["median_s"],
+            output_words=sum(len(x.split()) for x in outputs[name]),
+        )
+    fp32, int8 = timings["nanomt_translate_fp32/beam5"], timings["nanomt_translate_int8/beam5"]
+    int8["x_fp32"] = int8["sentences_per_s"] / fp32["sentences_per_s"]
+    reference = outputs["nanomt_translate_fp32/beam5"]
+    int8["same_output_lines"] = sum(a == b for a, b in zip(reference, outputs["nanomt_translate_int8/beam5"]))
+    timings.update(ct2_translate(checkpoint, src_file, reps, reference, outputs["nanomt_translate_int8/beam5"]))
+    for precision in ("fp32", "int8"):
+        ct2 = timings.get(f"ct2_translate_{precision}/beam5", {})
+        if "sentences_per_s" in ct2:
+            ours = timings[f"nanomt_translate_{precision}/beam5"]
+            ours["x_ct2"] = ours["sentences_per_s"] / ct2["sentences_per_s"]
+    return timings
+
+
+def ct2_translate(checkpoint: str, src_file: str, reps: int, fp32_out: list[str], int8_out: list[str]) -> dict:
+    """The same checkpoint converted to CTranslate2 (benchmarks/ct2_convert.py, a torch-free worker), beam 5."""
+    if not available("ctranslate2", "ct2_translate"):
+        return {}
+    from nanomt.checkpoint import find_run_files
+    from nanomt.config import load_config
+
+    length_penalty = load_config(find_run_files(checkpoint)[0]).decode.length_penalty
+    with tempfile.TemporaryDirectory(prefix="nanomt-ct2-") as tmp:
+        cmd = [
+            sys.executable,
+            str(REPO / "benchmarks" / "ct2_convert.py"),
+            str(checkpoint),
+            tmp,
+            "--src",
+            str(src_file),
+        ]
+        cmd += ["--beam", "5", "--length-penalty", str(length_penalty), "--reps", str(reps), "--json"]
+        print("$", " ".join(cmd), flush=True)
+        res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        print(f"skipping ct2_translate: {res.stderr.strip().splitlines()[-1:]}", flush=True)
+        return {"ct2_translate": {"error": res.stderr[-2000:]}}
+    report = json.loads(res.stdout)
+    rows = {}
+    for run in report["runs"]:
+        precision = "int8" if run["compute_type"] == "int8" else "fp32"
+        ours = fp32_out if precision == "fp32" else int8_out
+        translations = run.pop("translations")
+        run.update(
+            checkpoint=str(checkpoint),
+            src=str(src_file),
+            convert_s=report["convert_s"],
+            ctranslate2=report["version"],
+            # CT2's length penalty divides by length^alpha, nanomt's GNMT one by ((5 + length) / 6)^alpha.
+            same_output_lines_as_nanomt=sum(a == b for a, b in zip(translations, ours)),
+        )
+        rows[f"ct2_translate_{precision}/beam5"] = run
+    return rows
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -645,14 +694,22 @@ def markdown(results: dict) -> str:
     if results.get("decode"):
         lines += decode_table(results["decode"])
     if results.get("translate"):
-        t = results["translate"]
-        lines += [
-            "### `nanomt translate` (beam 5)",
-            "",
-            f"{t['n_sentences']} sentences of `{t['src']}` in {t['median_s']:.1f} s: "
-            f"**{t['sentences_per_s']:.1f} sentences/s** (min {t['min_s']:.1f} s, max {t['max_s']:.1f} s).",
-            "",
-        ]
+        lines += ["### `nanomt translate` (beam 5)", ""]
+        for name, t in results["translate"].items():
+            if "sentences_per_s" not in t:
+                continue
+            extra = ""
+            if "x_fp32" in t:
+                extra += f", {t['x_fp32']:.2f}x float32, {t['same_output_lines']} lines identical to float32"
+            if "x_ct2" in t:
+                extra += f", **{t['x_ct2']:.2f}x CTranslate2** at the same precision"
+            if "same_output_lines_as_nanomt" in t:
+                extra += f", {t['same_output_lines_as_nanomt']} lines identical to nanomt's"
+            lines.append(
+                f"- {name}: {t['n_sentences']} sentences of `{t['src']}` in {t['median_s']:.1f} s: "
+                f"**{t['sentences_per_s']:.1f} sentences/s** (min {t['min_s']:.1f} s, max {t['max_s']:.1f} s){extra}."
+            )
+        lines.append("")
     if results.get("targets"):
         lines += ["### Targets", "", "| target | measured | needed | met |", "|---|---|---|---|"]
         for t in results["targets"]:

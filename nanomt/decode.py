@@ -101,15 +101,20 @@ def _next_log_probs(
     banned: list[int],
     block_eos: bool,
     eos_id: int,
+    normalize: bool = True,
 ) -> tuple[Tensor, DecoderCache]:
-    """Feed the newest tokens (R, 1); return next-token log-probs (R, V) in float32 and the grown cache."""
+    """Feed the newest tokens (R, 1); return next-token log-probs (or masked logits) (R, V), float32, and the cache."""
+    # normalize=False returns the masked logits instead: log-probs up to a per-row constant, all that argmax
+    # and softmax sampling need (it saves a log_softmax over the vocabulary at every step).
     out = model.decode(tokens, enc, cache)
     # float32: logits may be bf16 under autocast, and beam scores add up many of these.
-    log_probs = out.logits[:, -1].float().log_softmax(dim=-1)  # (R, V)
-    log_probs[:, banned] = -math.inf
+    scores = out.logits[:, -1].float()  # (R, V)
+    if normalize:
+        scores = scores.log_softmax(dim=-1)
+    scores[:, banned] = -math.inf
     if block_eos:
-        log_probs[:, eos_id] = -math.inf
-    return log_probs, out.cache
+        scores[:, eos_id] = -math.inf
+    return scores, out.cache
 
 
 def _banned(model: Transformer, bos_id: int, eos_id: int) -> list[int]:
@@ -144,18 +149,19 @@ def _generate(
     eos_id: int,
     pick: Callable[[Tensor], Tensor],
 ) -> list[list[int]]:
-    """Extend each sentence by the token `pick` chooses from its (R, V) log-probs until EOS or max_len."""
+    """Extend each sentence by the token `pick` chooses from its (R, V) masked logits until EOS or max_len."""
     limits = _max_lens(model, src, max_len, eos_id)  # (B,)
     banned = _banned(model, bos_id, eos_id)
     enc = model.encode(src)
-    cache = model.init_cache(enc)
+    cache = model.init_cache(enc, capacity=int(limits.max()))  # room for every step: no cache regrowth
     rows = torch.arange(src.size(0), device=src.device)  # (R,) the sentence of each active row
     # Positions never written stay EOS, so a sentence's output is its row up to the first EOS.
     out = src.new_full((src.size(0), int(limits.max())), eos_id)  # (B, L)
     tokens = src.new_full((src.size(0), 1), bos_id)  # (R, 1)
     for step in range(out.size(1)):
-        log_probs, cache = _next_log_probs(model, tokens, enc, cache, banned, step < min_len, eos_id)
-        next_tokens = pick(log_probs)  # (R,)
+        # Unnormalized: argmax and softmax sampling give the same tokens from log-probs and from logits.
+        logits, cache = _next_log_probs(model, tokens, enc, cache, banned, step < min_len, eos_id, normalize=False)
+        next_tokens = pick(logits)  # (R,)
         out[rows, step] = next_tokens
         alive = (next_tokens != eos_id) & (limits[rows] > step + 1)  # (R,)
         if not alive.all():
@@ -181,7 +187,8 @@ def greedy(
     _check_src(src, min_len)
     if src.size(0) == 0:
         return []
-    return _generate(model, src, max_len, min_len, bos_id, eos_id, lambda log_probs: log_probs.argmax(dim=-1))
+    # max(dim).indices, not argmax: the same first-maximum index, and 3x faster on a CPU (180 vs 60 us at 32 x 8k).
+    return _generate(model, src, max_len, min_len, bos_id, eos_id, lambda logits: logits.max(dim=-1).indices)
 
 
 def _top_p_filter(logits: Tensor, top_p: float) -> Tensor:
@@ -196,8 +203,8 @@ def _top_p_filter(logits: Tensor, top_p: float) -> Tensor:
 def _sampler(temperature: float, top_k: int, top_p: float, generator: torch.Generator) -> Callable[[Tensor], Tensor]:
     """A `pick` that samples from the tempered, top-k and top-p filtered distribution."""
 
-    def pick(log_probs: Tensor) -> Tensor:
-        logits = log_probs / temperature  # (R, V)
+    def pick(logits: Tensor) -> Tensor:
+        logits = logits / temperature  # (R, V)
         if 0 < top_k < logits.size(-1):
             kth = logits.topk(top_k, dim=-1).values[:, -1:]  # (R, 1)
             logits = logits.masked_fill(logits < kth, -math.inf)
@@ -372,6 +379,7 @@ def beam_search(
     enc = model.encode(src)
     # Rows are sentence-major: row n*k + j is beam j of active sentence n.
     to_beams = torch.arange(src.size(0), device=device).repeat_interleave(k)  # (N*k,)
+    # No preallocated capacity: every step's index_select copies the whole buffer, so it grows as it fills.
     enc, cache = _select(enc, model.init_cache(enc), to_beams)
     live_log_probs = torch.full((src.size(0), k), -math.inf, device=device)  # (N, k)
     live_log_probs[:, 0] = 0.0  # one live beam at first: k copies of BOS would give k equal candidates
@@ -391,9 +399,10 @@ def beam_search(
             break
         keep = torch.tensor(keep_list, device=device)  # (N',)
         rows = parent[keep].view(-1)  # (N'*k,) the beams that live on, in their new order
-        cache = cache.index_select(rows)
         if len(keep_list) < len(done):  # beams of one sentence share its memory, so `rows` selects it too
-            enc = _select_encoded(enc, rows)
+            enc, cache = _select(enc, cache, rows)
+        else:  # beams only move within their sentence: the cross-attention keys/values stay where they are
+            cache = cache.index_select(rows, cross=False)
         tokens = live_tokens[keep].view(-1, 1)  # (N'*k, 1)
         history = torch.cat([history[rows], tokens], dim=1)  # (N'*k, t+1)
         live_log_probs, limits = live_log_probs[keep], limits[keep]

@@ -109,6 +109,17 @@ def attention(
     return out, weights if need_weights else None
 
 
+def write_kv(buffer: Tensor, new: Tensor, start: int) -> Tensor:
+    """Write new (B, H, T, K) keys or values at positions start.. of a (B, H, capacity, K) buffer; grow if full."""
+    end = start + new.size(2)
+    if end > buffer.size(2):  # double the capacity: amortized O(1) copies per position
+        grown = buffer.new_zeros(*buffer.shape[:2], max(end, 2 * buffer.size(2)), buffer.size(3))
+        grown[:, :, :start] = buffer[:, :, :start]
+        buffer = grown
+    buffer[:, :, start:end] = new
+    return buffer
+
+
 def split_heads(x: Tensor, n_heads: int) -> Tensor:
     """(B, T, D) -> (B, H, T, K)."""
     b, t, d = x.shape
@@ -136,17 +147,21 @@ class SelfAttention(nn.Module):
         x: Tensor,
         mask: Tensor | None = None,
         is_causal: bool = False,
-        past: tuple[Tensor, Tensor] | None = None,
+        past: tuple[Tensor, Tensor, int] | None = None,
         need_weights: bool = False,
     ) -> tuple[Tensor, Tensor | None, tuple[Tensor, Tensor]]:
-        """x (B, T, D) -> output (B, T, D), weights (B, H, T, T_total) or None, keys/values incl. past."""
+        """x (B, T, D) -> output (B, T, D), weights (B, H, T, T_total) or None, keys/values (with past: buffers)."""
+        # `past` is (key buffer, value buffer, positions filled): the new keys/values are written in place
+        # after them, so a decoding step copies one position rather than the whole history (as torch.cat would).
         q, k, v = (split_heads(z, self.n_heads) for z in self.qkv(x).chunk(3, dim=-1))  # 3 x (B, H, T, K)
         if past is not None:
-            k = torch.cat([past[0], k], dim=2)  # (B, H, T_past + T, K)
-            v = torch.cat([past[1], v], dim=2)
+            k_buffer, v_buffer, start = past
+            k_buffer, v_buffer = write_kv(k_buffer, k, start), write_kv(v_buffer, v, start)
+            end = start + x.size(1)
+            k, v = k_buffer[:, :, :end], v_buffer[:, :, :end]  # (B, H, T_past + T, K) views
         dropout_p = self.dropout_p if self.training else 0.0
         y, weights = attention(q, k, v, mask, is_causal, dropout_p, need_weights)
-        return self.out(merge_heads(y)), weights, (k, v)
+        return self.out(merge_heads(y)), weights, (k, v) if past is None else (k_buffer, v_buffer)
 
 
 class CrossAttention(nn.Module):
@@ -245,10 +260,10 @@ class EncoderLayer(nn.Module):
 
 @dataclass(frozen=True)
 class LayerCache:
-    """One decoder layer's keys/values: self-attention grows a step per call, cross-attention is fixed."""
+    """One decoder layer's keys/values: self-attention fills a step per call, cross-attention is fixed."""
 
-    self_k: Tensor  # (B, H, T, K)
-    self_v: Tensor  # (B, H, T, K)
+    self_k: Tensor  # (B, H, capacity, K): positions < DecoderCache.length are filled
+    self_v: Tensor  # (B, H, capacity, K)
     cross_k: Tensor  # (B, H, S, K)
     cross_v: Tensor  # (B, H, S, K)
 
@@ -257,15 +272,25 @@ class LayerCache:
 class DecoderCache:
     """The decoder's state between incremental steps: one LayerCache per layer and the positions so far."""
 
+    # `decode` writes new positions into these buffers in place and returns a cache over the same buffers:
+    # continue from a cache once, since a second continuation overwrites the first one's positions
+    # (`index_select` makes an independent copy, as beam search needs).
+
     layers: tuple[LayerCache, ...]
     length: int
 
-    def index_select(self, index: Tensor) -> DecoderCache:
-        """Keep/reorder batch rows (beam reordering, dropping finished sentences)."""
-        return DecoderCache(
-            tuple(LayerCache(*(t.index_select(0, index) for t in vars(c).values())) for c in self.layers),
-            self.length,
-        )
+    def index_select(self, index: Tensor, cross: bool = True) -> DecoderCache:
+        """Keep/reorder batch rows; cross=False keeps cross-attention K/V as is (every row keeps its source)."""
+        layers = []
+        for c in self.layers:
+            self_kv = (c.self_k.index_select(0, index), c.self_v.index_select(0, index))
+            cross_kv = (
+                (c.cross_k.index_select(0, index), c.cross_v.index_select(0, index))
+                if cross
+                else (c.cross_k, c.cross_v)
+            )
+            layers.append(LayerCache(*self_kv, *cross_kv))
+        return DecoderCache(tuple(layers), self.length)
 
 
 class DecoderLayer(nn.Module):
@@ -287,12 +312,12 @@ class DecoderLayer(nn.Module):
         x: Tensor,
         cross_kv: tuple[Tensor, Tensor],
         src_mask: Tensor,
-        past: tuple[Tensor, Tensor] | None = None,
+        past: tuple[Tensor, Tensor, int] | None = None,
         need_weights: bool = False,
     ) -> tuple[Tensor, tuple[Tensor, Tensor], Tensor | None, Tensor | None]:
-        """x (B, T, D) -> (x, self keys/values incl. past, self weights, cross weights)."""
+        """x (B, T, D) -> (x, self keys/values (with past: the cache buffers), self weights, cross weights)."""
         t_new = x.size(1)
-        t_total = t_new + (0 if past is None else past[0].size(2))
+        t_total = t_new + (0 if past is None else past[2])
         # No past: the fused kernel's built-in causal mask. One new token sees everything before it.
         is_causal = past is None and t_new > 1
         self_mask = causal_mask(t_new, t_total, x.device) if past is not None and t_new > 1 else None
@@ -411,12 +436,21 @@ class Transformer(nn.Module):
                 weights.append(w)
         return Encoded(self.encoder_norm(x), src_mask, weights)
 
-    def init_cache(self, enc: Encoded) -> DecoderCache:
-        """An empty decoder cache with every layer's cross-attention keys/values computed from the memory."""
+    def init_cache(self, enc: Encoded, capacity: int = 0) -> DecoderCache:
+        """An empty cache with room for `capacity` target positions (grown if exceeded) and the cross-attention K/V."""
         b, _, d = enc.memory.shape
         h = self.cfg.n_heads
-        empty = enc.memory.new_zeros(b, h, 0, d // h)  # (B, H, 0, K)
-        layers = tuple(LayerCache(empty, empty, *layer.cross_attn.memory_kv(enc.memory)) for layer in self.decoder)
+        capacity = min(capacity, self.cfg.max_positions)
+        layers = tuple(
+            LayerCache(
+                # Zeros, not new_empty: unfilled positions are never attended to, but index_select copies them
+                # and uninitialized memory may hold NaNs that make equality checks fail.
+                enc.memory.new_zeros(b, h, capacity, d // h),  # (B, H, capacity, K)
+                enc.memory.new_zeros(b, h, capacity, d // h),
+                *layer.cross_attn.memory_kv(enc.memory),
+            )
+            for layer in self.decoder
+        )
         return DecoderCache(layers, 0)
 
     def decode(
@@ -432,7 +466,7 @@ class Transformer(nn.Module):
                 past, cross_kv = None, layer.cross_attn.memory_kv(enc.memory)
             else:
                 c = cache.layers[i]
-                past, cross_kv = (c.self_k, c.self_v), (c.cross_k, c.cross_v)
+                past, cross_kv = (c.self_k, c.self_v, start), (c.cross_k, c.cross_v)
             x, (k, v), self_w, cross_w = layer(x, cross_kv, enc.src_mask, past, need_weights)
             if cache is not None:
                 new_layers.append(LayerCache(k, v, *cross_kv))

@@ -96,6 +96,7 @@ def _model_info(translator: Translator) -> dict:
         "tgt_vocab_size": m.tgt_vocab_size,
         "max_positions": m.max_positions,
         "device": str(translator.device),
+        "int8": translator.int8,
     }
 
 
@@ -197,10 +198,11 @@ def serve(
     beam_size: int | None = None,
     max_batch_tokens: int | None = None,
     device: str = "cpu",
+    int8: bool = False,
 ) -> None:
     """Load a checkpoint and serve it with uvicorn until interrupted."""
     import uvicorn
 
-    translator = Translator.from_checkpoint(checkpoint, device=device)
+    translator = Translator.from_checkpoint(checkpoint, device=device, int8=int8)
     app = create_app(translator, default_beam=beam_size, max_batch_tokens=max_batch_tokens)
     uvicorn.run(app, host=host, port=port, log_level="info")

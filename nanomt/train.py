@@ -308,6 +308,10 @@ def train(cfg: Config, run_dir: str | Path) -> Path:
         betas=tc.betas,
         eps=tc.eps,
         weight_decay=tc.weight_decay,
+        # One kernel over all parameters instead of ~10 passes per tensor: the default for-loop AdamW is ~10%
+        # of a BASE-sized fp32 step on a CPU (benchmarks/README.md). Same update and state; a run resumed from
+        # a checkpoint of an older nanomt keeps that checkpoint's (unfused) setting.
+        fused=device.type in ("cpu", "cuda"),
     )
     step, epoch, batch_pos, elapsed, best_bleu = 0, 0, 0, 0.0, -1.0
     last = ckpt.step_dirs(run_dir)

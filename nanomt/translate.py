@@ -15,6 +15,7 @@ from nanomt.config import Config
 from nanomt.data import make_batches
 from nanomt.decode import Hypothesis, beam_search, greedy, sample
 from nanomt.model import Transformer
+from nanomt.quantize import quantize_int8
 from nanomt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
 log = logging.getLogger("nanomt")
@@ -35,8 +36,18 @@ class SentenceAttention:
 class Translator:
     """A model with its tokenizer and decoding defaults: `translate(list_of_str) -> list_of_str`."""
 
-    def __init__(self, model: Transformer, tokenizer: Tokenizer, cfg: Config, device: str | torch.device = "cpu"):
+    def __init__(
+        self,
+        model: Transformer,
+        tokenizer: Tokenizer,
+        cfg: Config,
+        device: str | torch.device = "cpu",
+        int8: bool = False,
+    ):
         self.model = model.to(device).eval()
+        if int8:  # int8 linear layers: faster CPU decoding (README, Speed; benchmarks/results/speed_*.md)
+            self.model = quantize_int8(self.model)
+        self.int8 = int8
         self.tokenizer = tokenizer
         self.cfg = cfg
         self.device = torch.device(device)
@@ -44,10 +55,10 @@ class Translator:
         self.max_src_tokens = cfg.model.max_positions - 1
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, device: str | torch.device = "cpu") -> Translator:
+    def from_checkpoint(cls, path: str | Path, device: str | torch.device = "cpu", int8: bool = False) -> Translator:
         """Load any checkpoint directory (a run dir, checkpoints/step_N, or an averaged one)."""
         model, cfg, tokenizer = load_checkpoint(path, device)
-        return cls(model, tokenizer, cfg, device)
+        return cls(model, tokenizer, cfg, device, int8)
 
     def _encode(self, sentences: list[str]) -> list[list[int]]:
         ids = self.tokenizer.encode_src(sentences)

@@ -13,6 +13,7 @@ from conftest import NANOMT, tiny_config
 
 from nanomt.checkpoint import WEIGHTS, CheckpointError, read_weights, step_dirs
 from nanomt.config import config_from_dict
+from nanomt.quantize import is_quantized
 from nanomt.tokenizer import train_tokenizer
 from nanomt.train import train
 from nanomt.translate import Translator
@@ -52,6 +53,16 @@ def test_translate_files_and_n_best(run_dir, toy_corpus, tmp_path):
         scores = [float(r[1]) for r in rows[3 * i : 3 * i + 3]]
         assert scores == sorted(scores, reverse=True)
         assert len({r[2] for r in rows[3 * i : 3 * i + 3]}) == 3
+
+
+def test_translate_int8_is_the_quantized_translator(run_dir, toy_corpus):
+    lines = toy_corpus["test.src"].read_text().splitlines()[:6]
+    res = cli("translate", run_dir, "--int8", "--beam", 3, input="\n".join(lines) + "\n")
+    assert res.returncode == 0, res.stderr
+    int8 = Translator.from_checkpoint(run_dir, int8=True)
+    assert int8.int8 and is_quantized(int8.model)
+    assert res.stdout.splitlines() == int8.translate(lines, beam_size=3)
+    assert not is_quantized(Translator.from_checkpoint(run_dir).model)
 
 
 def test_long_line_is_truncated_with_one_warning(run_dir, caplog):

@@ -238,7 +238,7 @@ class PrefixCache:
     def length(self) -> int:
         return self.prefixes.size(1)
 
-    def index_select(self, index: torch.Tensor) -> PrefixCache:
+    def index_select(self, index: torch.Tensor, cross: bool = True) -> PrefixCache:
         return PrefixCache(self.prefixes.index_select(0, index))
 
 
@@ -254,7 +254,7 @@ class TableModel:
     def encode(self, src: torch.Tensor) -> Encoded:
         return Encoded(src[..., None].float(), padding_mask(src, PAD))
 
-    def init_cache(self, enc: Encoded) -> PrefixCache:
+    def init_cache(self, enc: Encoded, capacity: int = 0) -> PrefixCache:
         return PrefixCache(torch.zeros(enc.memory.size(0), 0, dtype=torch.long))
 
     def decode(self, tgt: torch.Tensor, enc: Encoded, cache: PrefixCache) -> DecoderOutput:

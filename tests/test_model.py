@@ -534,7 +534,8 @@ def test_all_padding_source_is_finite():
 
 @pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
 @pytest.mark.parametrize("norm_first", [False, True])
-def test_cached_decoding_matches_full_forward(norm_first, positional):
+@pytest.mark.parametrize("capacity", [0, 3, 7])  # grown from empty, grown past a preallocation, preallocated
+def test_cached_decoding_matches_full_forward(norm_first, positional, capacity):
     """encode + init_cache + decode, a token at a time or in chunks, equals the teacher-forced forward."""
     model = make_model(norm_first=norm_first, positional=positional)
     src = random_ids(model.cfg.src_vocab_size, [6, 8, 3])
@@ -542,23 +543,20 @@ def test_cached_decoding_matches_full_forward(norm_first, positional):
     full = model(src, tgt)
     enc = model.encode(src)
 
-    cache = model.init_cache(enc)
+    cache = model.init_cache(enc, capacity)
     assert cache.length == 0
     for t in range(tgt.size(1)):
         out = model.decode(tgt[:, t : t + 1], enc, cache)
         cache = out.cache
         assert cache.length == t + 1
-        assert cache.layers[0].self_k.shape == (
-            3,
-            model.cfg.n_heads,
-            t + 1,
-            model.cfg.d_model // model.cfg.n_heads,
-        )
+        b, h, room, k = cache.layers[0].self_k.shape
+        assert (b, h, k) == (3, model.cfg.n_heads, model.cfg.d_model // model.cfg.n_heads)
+        assert room >= t + 1 and (capacity < 7 or room == 7)  # a large enough buffer is never regrown
         close(out.logits[:, 0], full[:, t])
 
     # A prefix, a chunk of three after it, then single tokens; the weights path gives the same logits.
     for need_weights in (False, True):
-        cache = model.init_cache(enc)
+        cache = model.init_cache(enc, capacity)
         for start, end in [(0, 2), (2, 5), (5, 6), (6, 7)]:
             out = model.decode(tgt[:, start:end], enc, cache, need_weights=need_weights)
             cache = out.cache
@@ -584,6 +582,10 @@ def test_cache_index_select_reorders_rows():
     expected = model.decode(tgt[:, 4:5], enc, cache).logits[index]
     close(out.logits, expected)
     assert out.cache.layers[0].self_k.size(0) == 4
+    # cross=False (beams moving within their sentence) reorders self-attention K/V only.
+    within = cache.index_select(torch.tensor([1, 1, 0]), cross=False)
+    assert within.layers[0].cross_k is cache.layers[0].cross_k
+    assert torch.equal(within.layers[0].self_v, cache.layers[0].self_v[[1, 1, 0]])
 
 
 # ---------------------------------------------------------------------------------------------------------

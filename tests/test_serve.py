@@ -101,6 +101,7 @@ def test_health_page_and_docs(client, translator):
     health = client.get("/health").json()
     assert health["status"] == "ok" and health["default_beam"] == 2
     assert health["model"]["n_heads"] == translator.cfg.model.n_heads
+    assert health["model"]["int8"] is False
     assert health["limits"] == {"max_sentences": 4, "max_chars": 300, "max_beam": 16}
     page = client.get("/")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
