@@ -86,8 +86,8 @@ def training_summary(run_dir: Path) -> dict:
     train_rows = [r for r in rows if "loss" in r]
     evals = [r for r in rows if "valid_bleu" in r]
     return {
-        "steps": train_rows[-1]["step"],
-        "epochs": train_rows[-1]["epoch"],
+        "steps": max(r["step"] for r in rows),  # the last step may come after the last log row
+        "epochs": max(r["epoch"] for r in rows),
         "train_wall_seconds": max(r["elapsed_s"] for r in rows),
         "tokens_per_s": round(sum(r["tokens_per_s"] for r in train_rows) / len(train_rows), 1),
         "best_valid_greedy_bleu": max((r["valid_bleu"] for r in evals), default=None),

@@ -394,6 +394,7 @@ def train(cfg: Config, run_dir: str | Path) -> Path:
     if rank == 0 and threading_main():
         signal.signal(signal.SIGINT, lambda *_: stop_requested.append(True))
 
+    start_step = step
     batches = epoch_batches(epoch)
     padding = padding_fraction(batches, corpus.src_lens, corpus.tgt_lens)  # changes with the epoch only
     if rank == 0:
@@ -495,7 +496,8 @@ def train(cfg: Config, run_dir: str | Path) -> Path:
         save("interrupted")
         log.warning("interrupted at step %d; checkpoint saved. Run the same command to resume.", step)
         raise KeyboardInterrupt
-    if rank == 0:
+    # A finished run that is started again resumes, finds nothing to do and returns: no second final eval.
+    if rank == 0 and (step > start_step or not (run_dir / ckpt.WEIGHTS).is_file()):
         if step % tc.eval_every != 0 or not (run_dir / ckpt.WEIGHTS).is_file():
             if valid is not None:
                 run_eval()
