@@ -164,7 +164,7 @@ class CountingTranslator:
     """Wraps a Translator and records how many threads are inside the model at once."""
 
     def __init__(self, inner: Translator):
-        self.inner, self.cfg, self.device = inner, inner.cfg, inner.device
+        self.inner, self.cfg, self.device, self.int8 = inner, inner.cfg, inner.device, inner.int8
         self.inside = self.most_inside = 0
         self.guard = threading.Lock()
 
