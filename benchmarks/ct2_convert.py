@@ -39,12 +39,11 @@ def run_files(checkpoint: Path) -> tuple[Path, Path]:
     sys.exit(f"ct2_convert.py: error: {checkpoint} is not a nanomt checkpoint (no config.yaml and tokenizer/)")
 
 
-def sentencepiece_models(tokenizer_dir: Path) -> tuple[Path, Path]:
-    """Source and target SentencePiece models (one shared file, or src.model + tgt.model)."""
+def sentencepiece_processors(tokenizer_dir: Path) -> tuple[spm.SentencePieceProcessor, spm.SentencePieceProcessor]:
+    """Source and target SentencePiece processors (one shared model file, or src.model + tgt.model)."""
     shared = tokenizer_dir / "spm.model"
-    if shared.is_file():
-        return shared, shared
-    return tokenizer_dir / "src.model", tokenizer_dir / "tgt.model"
+    paths = (shared, shared) if shared.is_file() else (tokenizer_dir / "src.model", tokenizer_dir / "tgt.model")
+    return tuple(spm.SentencePieceProcessor(model_file=str(p)) for p in paths)
 
 
 def sinusoidal_table(n_positions: int, d_model: int) -> np.ndarray:
@@ -129,7 +128,7 @@ def convert(checkpoint: Path, out_dir: Path) -> Path:
     config_path, tokenizer_dir = run_files(checkpoint)
     model = yaml.safe_load(config_path.read_text())["model"]
     weights = load_file(str(checkpoint / "model.safetensors"))
-    src_sp, tgt_sp = (spm.SentencePieceProcessor(model_file=str(p)) for p in sentencepiece_models(tokenizer_dir))
+    src_sp, tgt_sp = sentencepiece_processors(tokenizer_dir)
     vocab = lambda sp: [sp.id_to_piece(i) for i in range(sp.get_piece_size())]  # noqa: E731
     spec = build_spec(model, weights, vocab(src_sp), vocab(tgt_sp))
     spec.validate()
@@ -143,15 +142,10 @@ def time_translation(
     ct2_dir: Path, checkpoint: Path, src_file: Path, compute_type: str, beam: int, length_penalty: float, reps: int
 ) -> dict:
     """Median wall time of translating the whole file (SentencePiece in and out included), after one warm-up."""
-    _, tokenizer_dir = run_files(checkpoint)
-    src_model, tgt_model = sentencepiece_models(tokenizer_dir)
-    src_sp, tgt_sp = (
-        spm.SentencePieceProcessor(model_file=str(src_model)),
-        spm.SentencePieceProcessor(model_file=str(tgt_model)),
-    )
+    config_path, tokenizer_dir = run_files(checkpoint)
+    src_sp, tgt_sp = sentencepiece_processors(tokenizer_dir)
     translator = ctranslate2.Translator(str(ct2_dir), device="cpu", compute_type=compute_type, intra_threads=2)
     lines = src_file.read_text(encoding="utf-8").splitlines()
-    config_path, _ = run_files(checkpoint)
     max_positions = yaml.safe_load(config_path.read_text())["model"]["max_positions"]
 
     def run() -> list[str]:

@@ -497,8 +497,9 @@ def train(cfg: Config, run_dir: str | Path) -> Path:
         log.warning("interrupted at step %d; checkpoint saved. Run the same command to resume.", step)
         raise KeyboardInterrupt
     # A finished run that is started again resumes, finds nothing to do and returns: no second final eval.
-    if rank == 0 and (step > start_step or not (run_dir / ckpt.WEIGHTS).is_file()):
-        if step % tc.eval_every != 0 or not (run_dir / ckpt.WEIGHTS).is_file():
+    has_weights = (run_dir / ckpt.WEIGHTS).is_file()
+    if rank == 0 and (step > start_step or not has_weights):
+        if step % tc.eval_every != 0 or not has_weights:
             if valid is not None:
                 run_eval()
             else:

@@ -45,7 +45,7 @@ class Translator:
         int8: bool = False,
     ):
         self.model = model.to(device).eval()
-        if int8:  # int8 linear layers: faster CPU decoding (README, Speed; benchmarks/results/speed_*.md)
+        if int8:  # int8 linear layers: faster CPU decoding (README, Speed; benchmarks/results/speed.md)
             self.model = quantize_int8(self.model)
         self.int8 = int8
         self.tokenizer = tokenizer
