@@ -132,7 +132,7 @@ def choose_checkpoint(run_dir: Path, data: Path, work: Path) -> tuple[Path, list
 def choose_decoding(path: Path, data: Path) -> tuple[int, float, list[dict]]:
     """Beam size and GNMT length penalty, chosen on val."""
     table = []
-    for beam, lp in ((5, 0.6), (5, 1.0), (5, 1.4), (8, 1.0), (3, 1.0)):
+    for beam, lp in ((5, 0.6), (5, 1.0), (5, 1.4), (5, 1.8), (5, 2.2), (8, 1.4), (3, 1.4)):
         table.append({"beam": beam, "length_penalty": lp, "val_bleu": round(val_bleu(path, data, beam, lp), 2)})
         print(table[-1], flush=True)
     best = max(table, key=lambda r: r["val_bleu"])

@@ -114,6 +114,15 @@ class DataConfig:
     # Sentences longer than this many subword tokens (either side, before BOS/EOS) are dropped from training.
     max_len: int = 256
     cache_dir: str | None = None
+    # BPE-dropout (Provilkov et al., 2020): every epoch re-tokenizes the training pairs, skipping each merge
+    # with this probability, so the model sees many segmentations of a word. 0 = off (one fixed tokenization).
+    bpe_dropout: float = 0.0
+
+    def __post_init__(self):
+        if not 0.0 <= self.bpe_dropout < 1.0:
+            raise ValueError(f"bpe_dropout must be in [0, 1), got {self.bpe_dropout}")
+        if self.bpe_dropout and self.tokenizer != "bpe":
+            raise ValueError(f"bpe_dropout needs tokenizer: bpe, not {self.tokenizer!r}")
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from .config import DataConfig, HFDataConfig, SplitConfig
-from .tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from .tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, set_sampling_seed
 
 log = logging.getLogger("nanomt")
 
@@ -376,6 +376,43 @@ def binarize(cfg: DataConfig, name: str, tokenizer: Tokenizer, cache_dir: str | 
         shutil.rmtree(tmp, ignore_errors=True)
     _log_stats(name, stats, max_len, cached=False)
     return _open_corpus(final)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# BPE-dropout: a new segmentation of the same pairs every epoch
+
+
+def corpus_texts(corpus: Corpus, tokenizer: Tokenizer) -> tuple[list[str], list[str]]:
+    """The (normalized) source and target text of every pair of a binarized corpus, in order."""
+    n = len(corpus)
+    return (
+        tokenizer.decode_src([corpus.src(i) for i in range(n)]),
+        tokenizer.decode_tgt([corpus.tgt(i) for i in range(n)]),
+    )
+
+
+def _pack(seqs: list, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Sequences to (flat tokens, offsets starting at 0), the Corpus layout."""
+    lens = np.fromiter(map(len, seqs), np.int64, len(seqs))
+    flat = np.fromiter(itertools.chain.from_iterable(seqs), dtype, int(lens.sum()))
+    return flat, np.concatenate([[0], np.cumsum(lens)])
+
+
+def resegment(
+    corpus: Corpus, texts: tuple[list[str], list[str]], tokenizer: Tokenizer, dropout: float, seed: int, max_len: int
+) -> Corpus:
+    """The corpus' pairs (same ones, same order) with a BPE-dropout segmentation drawn from `seed`."""
+    set_sampling_seed(seed)
+    src = tokenizer.encode_src(texts[0], dropout)
+    tgt = tokenizer.encode_tgt(texts[1], dropout)
+    for i in range(len(corpus)):  # a sampled segmentation is longer: past max_len, keep the plain one
+        if not src[i] or len(src[i]) > max_len:
+            src[i] = corpus.src(i)
+        if not tgt[i] or len(tgt[i]) > max_len:
+            tgt[i] = corpus.tgt(i)
+    src_tokens, src_offsets = _pack(src, corpus.src_tokens.dtype)
+    tgt_tokens, tgt_offsets = _pack(tgt, corpus.tgt_tokens.dtype)
+    return Corpus(src_tokens, src_offsets, tgt_tokens, tgt_offsets, corpus.stats)
 
 
 # ---------------------------------------------------------------------------------------------------------

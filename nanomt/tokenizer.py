@@ -50,13 +50,17 @@ class Tokenizer:
     def tgt_vocab_size(self) -> int:
         return self._tgt.get_piece_size()
 
-    def encode_src(self, texts: list[str]) -> list[list[int]]:
-        """Source sentences to ids, without BOS/EOS."""
-        return self._src.encode(list(texts), out_type=int, num_threads=_threads())
+    def encode_src(self, texts: list[str], dropout: float = 0.0) -> list[list[int]]:
+        """Source sentences to ids, without BOS/EOS; `dropout` > 0 samples a BPE-dropout segmentation."""
+        return _encode(self._src, texts, dropout)
 
-    def encode_tgt(self, texts: list[str]) -> list[list[int]]:
-        """Target sentences to ids, without BOS/EOS."""
-        return self._tgt.encode(list(texts), out_type=int, num_threads=_threads())
+    def encode_tgt(self, texts: list[str], dropout: float = 0.0) -> list[list[int]]:
+        """Target sentences to ids, without BOS/EOS; `dropout` > 0 samples a BPE-dropout segmentation."""
+        return _encode(self._tgt, texts, dropout)
+
+    def decode_src(self, ids: list[list[int]]) -> list[str]:
+        """Source ids (without specials) to text."""
+        return [self._src.decode([int(i) for i in seq]) for seq in ids]
 
     def decode_tgt(self, ids: list[list[int]]) -> list[str]:
         """Target ids to text; PAD/BOS/EOS are skipped."""
@@ -104,6 +108,19 @@ class Tokenizer:
         raise FileNotFoundError(
             f"{directory}: no tokenizer found (expected {SHARED_FILE}, or {SRC_FILE} and {TGT_FILE})"
         )
+
+
+def _encode(sp: spm.SentencePieceProcessor, texts: list[str], dropout: float) -> list[list[int]]:
+    if not dropout:
+        return sp.encode(list(texts), out_type=int, num_threads=_threads())
+    # One thread: SentencePiece's sampler draws from a per-thread generator, so only a single thread makes
+    # the segmentation a function of set_sampling_seed (and a resumed run see the same epoch).
+    return sp.encode(list(texts), out_type=int, enable_sampling=True, alpha=dropout, num_threads=1)
+
+
+def set_sampling_seed(seed: int) -> None:
+    """Seed SentencePiece's sampler (process-wide): the next dropout encodings are a function of `seed`."""
+    spm.set_random_generator_seed(seed)
 
 
 def _threads() -> int:

@@ -27,8 +27,10 @@ from nanomt.data import (
     binarize,
     check_split,
     collate,
+    corpus_texts,
     make_batches,
     padding_fraction,
+    resegment,
     shard,
     split_pairs,
 )
@@ -295,7 +297,8 @@ def train(cfg: Config, run_dir: str | Path) -> Path:
         if rank != 0:
             cfg, tokenizer = prepare_run_dir_follower(cfg, run_dir)
     cache = Path(cfg.data.cache_dir) if cfg.data.cache_dir else run_dir / "bin"
-    corpus = binarize(cfg.data, "train", tokenizer, cache, max_len=min(cfg.data.max_len, cfg.model.max_positions - 1))
+    max_len = min(cfg.data.max_len, cfg.model.max_positions - 1)
+    corpus = binarize(cfg.data, "train", tokenizer, cache, max_len=max_len)
     valid = valid_set(cfg, tokenizer, cache) if rank == 0 else None
     if len(corpus) == 0:
         raise TrainingError("no training pairs left after filtering")
@@ -344,9 +347,15 @@ def train(cfg: Config, run_dir: str | Path) -> Path:
         )
     metrics = MetricsLog(run_dir / "metrics.jsonl", rank == 0, step, tc.tensorboard)
 
-    def epoch_batches(e: int) -> list:
-        batches = make_batches(corpus.src_lens, corpus.tgt_lens, tc.max_tokens, tc.seed, e)
-        return shard(batches, rank, world)
+    texts = corpus_texts(corpus, tokenizer) if cfg.data.bpe_dropout else None
+
+    def epoch_data(e: int) -> tuple[Corpus, list, float]:
+        """Epoch e's corpus (a fresh BPE-dropout segmentation, when on), this rank's batches, padding."""
+        c = corpus
+        if texts is not None:  # seeded by (seed, epoch): a resumed run re-draws the same segmentation
+            c = resegment(corpus, texts, tokenizer, cfg.data.bpe_dropout, tc.seed * 100_003 + e, max_len)
+        batches = shard(make_batches(c.src_lens, c.tgt_lens, tc.max_tokens, tc.seed, e), rank, world)
+        return c, batches, padding_fraction(batches, c.src_lens, c.tgt_lens)
 
     def save(reason: str) -> None:
         if rank != 0:
@@ -395,8 +404,7 @@ def train(cfg: Config, run_dir: str | Path) -> Path:
         signal.signal(signal.SIGINT, lambda *_: stop_requested.append(True))
 
     start_step = step
-    batches = epoch_batches(epoch)
-    padding = padding_fraction(batches, corpus.src_lens, corpus.tgt_lens)  # changes with the epoch only
+    epoch_corpus, batches, padding = epoch_data(epoch)
     if rank == 0:
         log.info("padding fraction %.3f", padding)
     show_bar = rank == 0 and tc.progress and sys.stderr.isatty()
@@ -411,9 +419,8 @@ def train(cfg: Config, run_dir: str | Path) -> Path:
             while len(group) < tc.accum_steps:
                 if batch_pos >= len(batches):
                     epoch, batch_pos = epoch + 1, 0
-                    batches = epoch_batches(epoch)
-                    padding = padding_fraction(batches, corpus.src_lens, corpus.tgt_lens)
-                group.append(collate(corpus, batches[batch_pos]).to(device))
+                    epoch_corpus, batches, padding = epoch_data(epoch)
+                group.append(collate(epoch_corpus, batches[batch_pos]).to(device))
                 batch_pos += 1
             n_tokens = sum(b.n_tgt_tokens for b in group)
             if world > 1:  # normalize by the global token count so that DDP's gradient average is exact

@@ -81,6 +81,18 @@ def test_model_validation_surfaces_as_config_error():
         config_from_dict({"model": {"d_model": 30, "n_heads": 4}})
 
 
+@pytest.mark.parametrize(
+    "data, words",
+    [
+        ({"bpe_dropout": 1.0}, "bpe_dropout must be in"),
+        ({"bpe_dropout": 0.1, "tokenizer": "unigram"}, "needs tokenizer"),
+    ],
+)
+def test_bpe_dropout_validation(data, words):
+    with pytest.raises(ConfigError, match=words):
+        config_from_dict({"data": data})
+
+
 def test_configs_are_frozen():
     cfg = Config(model=ModelConfig(10, 10, d_model=8, n_heads=2))
     with pytest.raises(AttributeError):

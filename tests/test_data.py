@@ -18,10 +18,12 @@ from nanomt.data import (
     binarize,
     check_split,
     collate,
+    corpus_texts,
     hf_pairs,
     make_batches,
     padding_fraction,
     read_pairs,
+    resegment,
     shard,
     split_pairs,
 )
@@ -289,6 +291,30 @@ def test_binarize_equals_direct_encoding_and_filters(tmp_path, tokenizer, caplog
     assert isinstance(corpus.src_tokens, np.memmap)
     expected = f"train: {len(kept)} pairs kept, 3 empty dropped, {len(nonempty) - len(kept)} longer than 40"
     assert [r.getMessage() for r in caplog.records if r.name == "nanomt"] == [expected + " tokens dropped"]
+
+
+def test_resegment_draws_a_seeded_segmentation_of_the_same_text(tmp_path, tokenizer):
+    pairs = make_pairs(200, seed=11, max_words=20)
+    corpus = binarize(DataConfig(train=write_split(tmp_path, pairs)), "train", tokenizer, tmp_path / "c", None)
+    texts = corpus_texts(corpus, tokenizer)
+    assert texts == ([s for s, _ in pairs], [t for _, t in pairs])
+    max_len = int(np.percentile(corpus.src_lens, 80))  # the plain segmentation of the longest 20% is kept
+    a = resegment(corpus, texts, tokenizer, 0.2, seed=1, max_len=max_len)
+    again = resegment(corpus, texts, tokenizer, 0.2, seed=1, max_len=max_len)
+    other = resegment(corpus, texts, tokenizer, 0.2, seed=2, max_len=max_len)
+    assert len(a) == len(corpus) and a.stats == corpus.stats
+    assert np.array_equal(a.src_tokens, again.src_tokens) and np.array_equal(a.tgt_offsets, again.tgt_offsets)
+    assert not np.array_equal(a.src_offsets, other.src_offsets)
+    assert a.src_lens.sum() > corpus.src_lens.sum() and a.tgt_lens.sum() > corpus.tgt_lens.sum()  # finer pieces
+    for i in range(len(corpus)):
+        assert tokenizer.decode_src([a.src(i)]) == [pairs[i][0]]  # the same text, cut differently
+        assert tokenizer.decode_tgt([a.tgt(i)]) == [pairs[i][1]]
+        if corpus.src_lens[i] <= max_len:
+            assert a.src_lens[i] <= max_len
+        else:
+            assert a.src(i).tolist() == corpus.src(i).tolist()
+    plain = resegment(corpus, texts, tokenizer, 0.0, seed=1, max_len=10**6)  # dropout 0: the plain segmentation
+    assert np.array_equal(plain.src_tokens, corpus.src_tokens) and np.array_equal(plain.tgt_tokens, corpus.tgt_tokens)
 
 
 def test_binarize_without_max_len_keeps_long_pairs(tmp_path, tokenizer):

@@ -136,6 +136,29 @@ def test_resume_after_sigkill_is_bit_exact(toy_corpus, tmp_path):
     assert [r["step"] for r in read_metrics(run)] == [r["step"] for r in read_metrics(tmp_path / "ref")]
 
 
+def test_bpe_dropout_run_resumes_bit_exact_across_epochs(toy_corpus, tmp_path):
+    """A run stopped mid-epoch and resumed re-draws the same segmentations: the weights equal an unbroken run's."""
+    base = tiny_config(toy_corpus, max_tokens=20000, save_every=4, keep_last=10, eval_every=1000)  # ~6 steps an epoch
+    base["data"]["bpe_dropout"] = 0.1
+    whole = train(config_from_dict({**base, "train": {**base["train"], "max_steps": 20}}), tmp_path / "whole")
+    split = tmp_path / "split"
+    train(config_from_dict({**base, "train": {**base["train"], "max_steps": 9}}), split)
+    train(config_from_dict({**base, "train": {**base["train"], "max_steps": 20}}), split)
+    epochs = {r["step"]: r["epoch"] for r in read_metrics(whole) if "loss" in r}
+    assert epochs[5] < epochs[10] < epochs[20]  # the resumed part crosses epoch boundaries
+    plain = train(
+        config_from_dict(
+            {**base, "data": {**base["data"], "bpe_dropout": 0.0}, "train": {**base["train"], "max_steps": 4}}
+        ),
+        tmp_path / "plain",
+    )
+    a, b = (read_weights(r / "checkpoints" / "step_20" / WEIGHTS) for r in (whole, split))
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    c, d = (read_weights(r / "checkpoints" / "step_4" / WEIGHTS) for r in (whole, plain))
+    assert any(not torch.equal(c[n], d[n]) for n in c)  # and the dropout really changed what was trained on
+
+
 def test_ctrl_c_saves_a_checkpoint_and_exits(toy_corpus, tmp_path):
     cfg = write_config(tmp_path, tiny_config(toy_corpus, max_steps=100000, save_every=100000, eval_every=100000))
     run = tmp_path / "run"
