@@ -45,13 +45,17 @@ def data_overrides(data: Path) -> list[str]:
     ]
 
 
-def run_training(config: Path, run_dir: Path, overrides: list[str]) -> None:
-    """`nanomt train`, in a subprocess so its threads and memory are its own."""
+def run_training(config: Path, run_dir: Path, overrides: list[str], log: Path | None = None) -> None:
+    """`nanomt train`, in a subprocess so its threads and memory are its own; its output to `log` if given."""
     cmd = [*NANOMT, "train", str(config), "--run-dir", str(run_dir)]
     for o in overrides:
         cmd += ["--set", o]
-    print("$", " ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True)
+    if log is None:
+        print("$", " ".join(cmd), flush=True)
+        subprocess.run(cmd, check=True)
+        return
+    with open(log, "w") as f:
+        subprocess.run(cmd, check=True, stdout=f, stderr=subprocess.STDOUT)
 
 
 def machine() -> dict:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -25,14 +24,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 
-from multi30k import NANOMT, data_overrides  # noqa: E402
+from multi30k import data_overrides, run_training  # noqa: E402
 
 # The committed recipe ran 7,057 steps in its 3,601 s (evaluations included): 0.510 s a step end to end.
 RECIPE_STEPS_PER_HOUR = 7057
 # bf16 seconds per step of each shape on the 2-core CPU (`--measure`), relative to the recipe's shape.
 CPU_SECONDS_PER_STEP: dict[str, float] = {
     "base": 0.427,
-    "v6k": 0.41,
+    "v6k": 0.41,  # estimated
     "v4k": 0.378,
     "d384": 0.585,
     "d512_drop04": 0.782,
@@ -40,7 +39,10 @@ CPU_SECONDS_PER_STEP: dict[str, float] = {
     "e6d3": 0.48,
     "l44_v6k": 0.4465,  # estimated: l44 x v6k / base
     "d384_l44": 0.638,  # estimated: d384 x l44 / base
+    "l55": 0.503,  # estimated: base + 2 x (l44 - base)
 }
+# Not timed alone on the CPU (v6k's 80-step timing overlapped other work): interpolated from the timed shapes.
+ESTIMATED = ["v6k", "l44_v6k", "d384_l44", "l55"]
 
 VARIANTS: dict[str, list[str]] = {  # name: overrides of configs/multi30k_de_en.yaml
     "base": [],
@@ -59,6 +61,11 @@ VARIANTS: dict[str, list[str]] = {  # name: overrides of configs/multi30k_de_en.
     "l44_bpe_dropout01": ["model.n_encoder_layers=4", "model.n_decoder_layers=4", "data.bpe_dropout=0.1"],
     "d384_l44": ["model.d_model=384", "model.n_heads=6", "model.d_ff=1536"]
     + ["model.n_encoder_layers=4", "model.n_decoder_layers=4"],
+    "d384_l44_seed2": ["model.d_model=384", "model.n_heads=6", "model.d_ff=1536"]
+    + ["model.n_encoder_layers=4", "model.n_decoder_layers=4", "train.seed=2"],
+    "base_seed3": ["train.seed=3"],
+    "l44_seed3": ["model.n_encoder_layers=4", "model.n_decoder_layers=4", "train.seed=3"],
+    "l55": ["model.n_encoder_layers=5", "model.n_decoder_layers=5"],
 }
 SHAPE = {
     "base_seed2": "base",
@@ -66,7 +73,8 @@ SHAPE = {
     "bpe_dropout01": "base",
     "bpe_dropout005": "base",
 }
-SHAPE |= {"l44_seed2": "l44", "l44_bpe_dropout01": "l44"}  # variants that share another's step time
+SHAPE |= {"l44_seed2": "l44", "l44_bpe_dropout01": "l44", "l44_seed3": "l44", "base_seed3": "base"}
+SHAPE |= {"d384_l44_seed2": "d384_l44"}  # variants that share another's step time
 
 
 def steps_in_hour(name: str, scale: float = 1.0) -> int:
@@ -95,12 +103,8 @@ def run_variant(name: str, data: Path, root: Path, config: Path, device: str, th
         f"train.device={device}",
         f"train.num_threads={threads}",
     ]
-    cmd = [*NANOMT, "train", str(config), "--run-dir", str(run_dir)]
-    for s in sets:
-        cmd += ["--set", s]
     t0 = time.time()
-    with open(root / f"{name}.log", "w") as log:
-        subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT)
+    run_training(config, run_dir, sets, log=root / f"{name}.log")
     train_s = time.time() - t0
     paths = [p for _, p in ckpt.step_dirs(run_dir)[-4:]]
     avg = ckpt.average_checkpoints(paths, root / f"{name}_avg4")
@@ -128,10 +132,7 @@ def measure(data: Path, root: Path, config: Path) -> dict[str, float]:
         sets = data_overrides(data) + VARIANTS[shape]
         sets += ["train.max_steps=80", "train.max_minutes=null", "train.log_every=40", "train.eval_every=1000"]
         sets += ["train.save_every=1000", "train.valid_bleu_sentences=1", "train.progress=false", "train.device=cpu"]
-        cmd = [*NANOMT, "train", str(config), "--run-dir", str(run_dir)]
-        for s in sets:
-            cmd += ["--set", s]
-        subprocess.run(cmd, check=True, capture_output=True)
+        run_training(config, run_dir, sets, log=root / f"measure_{shape}.log")
         rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
         at = {r["step"]: r["elapsed_s"] for r in rows if "tokens_per_s" in r}
         out[shape] = round((at[80] - at[40]) / 40, 3)
@@ -149,6 +150,7 @@ def main() -> None:
     p.add_argument("--device", default="auto")
     p.add_argument("--threads", type=int, default=2, help="CPU threads per run")
     p.add_argument("--scale", type=float, default=1.0, help="fraction of each step budget (smoke runs)")
+    p.add_argument("--collect", type=Path, nargs="*", help="only write the results of run roots made before")
     p.add_argument("--measure", action="store_true", help="time each shape on this CPU (run it alone)")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "multi30k_sweep.json")
     args = p.parse_args()
@@ -167,22 +169,52 @@ def main() -> None:
     if args.measure:
         print(json.dumps(measure(data, args.root, args.config), indent=2))
         return
+    if args.collect:
+        for root in args.collect:
+            write_results(args.out, collect(root), device)
+        return
     with ThreadPoolExecutor(args.jobs) as pool:
-        rows = list(
-            pool.map(lambda n: run_variant(n, data, args.root, args.config, device, args.threads, args.scale), names)
-        )
-    old = json.loads(args.out.read_text()) if args.out.is_file() else {}
+        list(pool.map(lambda n: run_variant(n, data, args.root, args.config, device, args.threads, args.scale), names))
+    write_results(args.out, collect(args.root), device)
+
+
+def collect(root: Path) -> list[dict]:
+    """A row per run directory under `root`: scored rows (rows.jsonl) or, for a run cut short, its progress."""
+    scored = {}
+    if (root / "rows.jsonl").is_file():
+        scored = {r["variant"]: r for r in map(json.loads, (root / "rows.jsonl").read_text().splitlines())}
+    rows = []
+    for metrics in sorted(root.glob("*/metrics.jsonl")):
+        name = metrics.parent.name
+        if name not in VARIANTS:
+            continue
+        m = [json.loads(x) for x in metrics.read_text().splitlines()]
+        row = scored.get(name) or {
+            "variant": name,
+            "overrides": VARIANTS[name],
+            "steps": steps_in_hour(name),
+            "unfinished_at_step": max(r["step"] for r in m),  # the device call's time limit cut it off
+        }
+        row["valid_greedy_bleu_curve"] = [[r["step"], round(r["valid_bleu"], 2)] for r in m if "valid_bleu" in r]
+        rows.append(row)
+    return rows
+
+
+def write_results(out: Path, rows: list[dict], device: str) -> None:
+    """Merge rows into the results file (a variant's newer row replaces its older one)."""
+    old = json.loads(out.read_text()) if out.is_file() else {}
     merged = {r["variant"]: r for r in old.get("runs", [])} | {r["variant"]: r for r in rows}
     result = {
         "what": "Multi30k de->en variants at their CPU-hour step budgets; val BLEU (avg of last 4, beam 5)",
         "cpu_seconds_per_step_bf16": CPU_SECONDS_PER_STEP,
+        "cpu_seconds_per_step_estimated_for": ESTIMATED,
         "recipe_steps_per_hour": RECIPE_STEPS_PER_HOUR,
         "device": device,
         "runs": list(merged.values()),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":
