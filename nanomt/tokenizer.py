@@ -120,7 +120,7 @@ def _encode(sp: spm.SentencePieceProcessor, texts: list[str], dropout: float) ->
 
 def set_sampling_seed(seed: int) -> None:
     """Seed SentencePiece's sampler (process-wide): the next dropout encodings are a function of `seed`."""
-    spm.set_random_generator_seed(seed)
+    spm.set_random_generator_seed(seed % 2**32)  # SentencePiece takes an unsigned 32-bit seed
 
 
 def _threads() -> int:
