@@ -236,6 +236,12 @@ def _token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.int32)
 
 
+def _flatten(seqs: list, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Sequences to (their ids end to end, their int64 lengths): the Corpus layout without the offsets."""
+    lens = np.fromiter(map(len, seqs), np.int64, len(seqs))
+    return np.fromiter(itertools.chain.from_iterable(seqs), dtype, int(lens.sum())), lens
+
+
 class _SequenceWriter:
     """Appends id sequences to `<stem>.bin` and their end offsets to `<stem>.idx` (which starts with 0)."""
 
@@ -247,8 +253,7 @@ class _SequenceWriter:
         np.zeros(1, np.int64).tofile(self.offsets)
 
     def append(self, seqs: list[list[int]]) -> None:
-        lens = np.fromiter(map(len, seqs), np.int64, len(seqs))
-        flat = np.fromiter(itertools.chain.from_iterable(seqs), self.dtype, int(lens.sum()))
+        flat, lens = _flatten(seqs, self.dtype)
         flat.tofile(self.tokens)
         (self.end + np.cumsum(lens)).tofile(self.offsets)
         self.end += int(lens.sum())
@@ -393,8 +398,7 @@ def corpus_texts(corpus: Corpus, tokenizer: Tokenizer) -> tuple[list[str], list[
 
 def _pack(seqs: list, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
     """Sequences to (flat tokens, offsets starting at 0), the Corpus layout."""
-    lens = np.fromiter(map(len, seqs), np.int64, len(seqs))
-    flat = np.fromiter(itertools.chain.from_iterable(seqs), dtype, int(lens.sum()))
+    flat, lens = _flatten(seqs, dtype)
     return flat, np.concatenate([[0], np.cumsum(lens)])
 
 
