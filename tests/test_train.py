@@ -2,8 +2,10 @@
 
 import json
 import math
+import os
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -256,3 +258,14 @@ def test_two_process_ddp_equals_one_process_with_accumulation(toy_corpus, tmp_pa
     losses_one = [r["loss"] for r in read_metrics(tmp_path / "one") if "loss" in r]
     losses_two = [r["loss"] for r in read_metrics(tmp_path / "two") if "loss" in r]
     assert losses_one == pytest.approx(losses_two, rel=1e-4)
+
+
+def test_onednn_kernel_cache_is_raised_unless_the_user_set_it():
+    """Importing nanomt raises oneDNN's kernel cache (length-bucketed batches thrash 1,024); a user's value wins."""
+    code = "import os, nanomt; print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'])"
+    env = {k: v for k, v in os.environ.items() if k != "ONEDNN_PRIMITIVE_CACHE_CAPACITY"}
+    default = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert default.stdout.strip() == "65536"
+    env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = "2048"
+    user = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert user.stdout.strip() == "2048"
