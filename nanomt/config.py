@@ -138,7 +138,8 @@ class TrainConfig:
     warmup_steps: int = 4000
     # "inverse_sqrt": fairseq's linear warmup to `lr` then lr*sqrt(warmup/step);
     # "noam": the paper's d_model^-0.5 * min(step^-0.5, step*warmup^-1.5), scaled by `lr`;
-    # "linear": linear warmup to `lr`, then linear decay to 0 at max_steps (for a fixed budget).
+    # "linear": linear warmup to `lr`, then linear decay to 0 at max_steps, or when max_minutes runs out if
+    # that comes first (for a fixed budget; with max_minutes the lr follows the clock, so resumes are not exact).
     schedule: Literal["inverse_sqrt", "noam", "linear"] = "inverse_sqrt"
     betas: tuple[float, float] = (0.9, 0.98)
     eps: float = 1e-9

@@ -36,6 +36,31 @@ def test_linear_schedule_decays_to_zero_at_max_steps():
     assert lr_at(1100, tc, 512) == 0.0 and lr_at(2000, tc, 512) == 0.0
 
 
+def test_linear_schedule_ends_with_the_clock_when_max_minutes_runs_out_first():
+    tc = TrainConfig(lr=1e-3, warmup_steps=100, schedule="linear", max_steps=100_000, max_minutes=10)
+    assert lr_at(50, tc, 512, elapsed=1.0) == pytest.approx(5e-4)  # the warmup ramp still rules
+    assert lr_at(1000, tc, 512, elapsed=300.0) == pytest.approx(5e-4)  # half the clock: half the peak
+    assert lr_at(1000, tc, 512, elapsed=600.0) == 0.0 and lr_at(1000, tc, 512, elapsed=900.0) == 0.0
+    steps_first = TrainConfig(lr=1e-3, warmup_steps=100, schedule="linear", max_steps=1100, max_minutes=10)
+    assert lr_at(600, steps_first, 512, elapsed=60.0) == pytest.approx(5e-4)  # the step budget ends first
+    assert lr_at(600, TrainConfig(lr=1e-3, warmup_steps=100, schedule="inverse_sqrt", max_minutes=10), 512, 599.0) == (
+        pytest.approx(1e-3 * math.sqrt(100 / 600))
+    )
+
+
+def test_time_budgeted_run_ends_with_the_lr_near_zero(toy_corpus, tmp_path):
+    """With a step budget it cannot reach, a linear run decays over max_minutes and stops near lr 0."""
+    cfg = tiny_config(toy_corpus, max_steps=1_000_000, max_minutes=0.05, schedule="linear", warmup_steps=2)
+    cfg["train"].update(log_every=1, eval_every=1_000_000, save_every=1_000_000)
+    res = run_cli("train", str(write_config(tmp_path, cfg)), "--run-dir", str(tmp_path / "run"))
+    assert res.returncode == 0, res.stderr
+    rows = [r for r in read_metrics(tmp_path / "run") if "lr" in r]
+    lrs = [r["lr"] for r in rows]
+    assert len(rows) > 10 and rows[-1]["elapsed_s"] >= 3.0
+    assert lrs[2:] == sorted(lrs[2:], reverse=True) and max(lrs) <= 3e-3
+    assert lrs[-1] < 0.25 * 3e-3
+
+
 def test_noam_schedule_is_the_papers_formula():
     tc = TrainConfig(lr=1.0, warmup_steps=4000, schedule="noam")
     for step in (1, 100, 4000, 10000, 100000):
@@ -236,7 +261,8 @@ def test_set_overrides_and_config_mismatch_on_resume(toy_corpus, tmp_path):
 
 def test_two_process_ddp_equals_one_process_with_accumulation(toy_corpus, tmp_path):
     """Two torchrun ranks with one batch each make the same update as one process accumulating both batches."""
-    base = tiny_config(toy_corpus, max_steps=4, save_every=4, eval_every=1000, log_every=1)
+    # max_minutes, never reached, makes the ranks share rank 0's clock (so they cannot stop at different steps).
+    base = tiny_config(toy_corpus, max_steps=4, save_every=4, eval_every=1000, log_every=1, max_minutes=600)
     base["model"]["dropout"] = 0.0  # the ranks draw different dropout masks than one process would
     one = write_config(tmp_path, {**base, "train": {**base["train"], "accum_steps": 2}})
     res = run_cli("train", str(one), "--run-dir", str(tmp_path / "one"))
