@@ -28,6 +28,7 @@ from nanomt import checkpoint as ckpt
 from nanomt.config import load_config
 from nanomt.evaluate import evaluate
 from nanomt.plots import plot_curves, read_metrics
+from nanomt.train import cpu_has_bf16_kernels
 from nanomt.translate import Translator
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,6 +76,7 @@ def machine() -> dict:
     return {
         "cpu": cpu,
         "threads": torch.get_num_threads(),
+        "bf16_kernels": cpu_has_bf16_kernels(),  # train.precision=auto: bf16 if true, else fp32
         "cores": os.cpu_count(),
         "python": platform.python_version(),
         "torch": torch.__version__,

@@ -860,6 +860,14 @@ def main() -> None:
     if unknown:
         sys.exit(f"unknown config(s) {sorted(unknown)}; the anchors have {sorted(anchors['common'].CONFIGS)}")
     sections = [args.only] if args.only else ["train", "decode"] + (["translate"] if args.translate_checkpoint else [])
+    from nanomt.train import cpu_has_bf16_kernels
+
+    if {"train", "decode"} & set(sections) and not cpu_has_bf16_kernels():
+        sys.exit(
+            "speed.py: this CPU has no bf16 matrix kernels (AVX2 only: bf16 matmuls ~60x slower than fp32); "
+            "the train and decode sections time bf16 against an AVX-512 report: run them on an AVX-512 or AMX CPU, "
+            "or --only translate"
+        )
     results = {
         "machine": machine_info(args.anchors),
         "settings": {

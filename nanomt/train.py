@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -115,8 +117,54 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # mallopt parameters (<malloc.h>)
+
+
+def user_allocator_settings() -> list[str]:
+    """The environment variables by which the user chose glibc malloc settings or another allocator."""
+    return [k for k in os.environ if k in ("GLIBC_TUNABLES", "LD_PRELOAD") or k.startswith("MALLOC_")]
+
+
+def keep_freed_memory() -> bool:
+    """Have glibc's malloc serve large blocks from its heap and keep what is freed; False where it did nothing."""
+    # By default glibc gives each block over its mmap threshold (at most 32 MB, so a step's (B*T, V) logits and
+    # their gradient) pages of its own and unmaps them on free: every step faulted ~50,000 fresh pages in again,
+    # 1.09-1.25x of the Multi30k fp32 step (benchmarks/README.md). Allocator settings of the user's own win.
+    if sys.platform != "linux" or user_allocator_settings():
+        return False
+    try:
+        libc = ctypes.CDLL(None)
+    except OSError:
+        return False
+    if not hasattr(libc, "gnu_get_libc_version"):  # musl and others: their own malloc
+        return False
+    return libc.mallopt(M_MMAP_MAX, 0) == 1 and libc.mallopt(M_TRIM_THRESHOLD, 2**30) == 1
+
+
+@functools.cache
+def cpu_has_bf16_kernels() -> bool:
+    """Whether oneDNN has bf16 matmul kernels for this CPU (AVX-512 or AMX); else bf16 falls to a scalar loop."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a PyTorch without this (private) query: fp32 is the safe choice
+        return False
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """`auto` is bf16 where the device has bf16 matrix kernels, else fp32; other settings are kept as they are."""
+    if precision != "auto":
+        return precision
+    if device.type == "cuda":
+        # Not counting emulation: pre-Ampere GPUs (V100, T4) "support" bf16 at a fraction of their fp32 speed.
+        return "bf16" if torch.cuda.is_bf16_supported(including_emulation=False) else "fp32"
+    return "bf16" if device.type == "cpu" and cpu_has_bf16_kernels() else "fp32"
+
+
 def autocast(precision: str, device: torch.device):
     """Mixed-precision context for the forward pass; the caller owns it, the model knows nothing of it."""
+    precision = resolve_precision(precision, device)
     if precision == "fp32":
         return contextlib.nullcontext()
     if precision == "fp16" and device.type != "cuda":
@@ -339,7 +387,14 @@ def train(cfg: Config, run_dir: str | Path) -> Path:
         ddp_model = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None
         )
-    scaler = torch.amp.GradScaler("cuda") if tc.precision == "fp16" else None
+    precision = resolve_precision(tc.precision, device)
+    scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
+    if rank == 0 and precision == "bf16" and device.type == "cpu" and not cpu_has_bf16_kernels():
+        # An AVX2-only CPU: PyTorch's fallback bf16 matmul is a scalar loop (0.9 against 51 GFLOP/s in fp32).
+        log.warning(
+            "train.precision=bf16 on a CPU without bf16 matrix kernels (no AVX-512/AMX): ~60x slower "
+            "than fp32; use train.precision=auto or fp32"
+        )
 
     if rank == 0:
         log.info(
@@ -349,7 +404,7 @@ def train(cfg: Config, run_dir: str | Path) -> Path:
             corpus.stats,
             device,
             torch.get_num_threads(),
-            tc.precision,
+            precision if precision == tc.precision else f"{tc.precision} ({precision})",
         )
     metrics = MetricsLog(run_dir / "metrics.jsonl", rank == 0, step, tc.tensorboard)
 
@@ -387,7 +442,7 @@ def train(cfg: Config, run_dir: str | Path) -> Path:
         row = {"step": step, "epoch": epoch, "valid_loss": evaluate_loss(model, vcorpus, cfg, device)}
         if srcs:
             translator = Translator(model, tokenizer, cfg, device)
-            with autocast(tc.precision, device):
+            with autocast(precision, device):
                 hyps = translator.translate(srcs, beam_size=1, max_tokens=tc.max_tokens)
             row["valid_bleu"] = bleu(hyps, refs)
         row["elapsed_s"] = round(elapsed, 2)
@@ -413,6 +468,9 @@ def train(cfg: Config, run_dir: str | Path) -> Path:
     epoch_corpus, batches, padding = epoch_data(epoch)
     if rank == 0:
         log.info("padding fraction %.3f", padding)
+    # After the set-up (tokenizer, binarizing), whose freed memory the heap would otherwise keep for the whole run.
+    if device.type == "cpu" and keep_freed_memory():
+        log.debug("malloc: no mmap for large blocks, no heap trimming, for the rest of this process")
     show_bar = rank == 0 and tc.progress and sys.stderr.isatty()
     bar = tqdm(total=tc.max_steps, initial=step, disable=not show_bar, dynamic_ncols=True, unit="step")
     model.train()
@@ -440,7 +498,7 @@ def train(cfg: Config, run_dir: str | Path) -> Path:
             for i, b in enumerate(group):
                 sync = contextlib.nullcontext() if world == 1 or i == len(group) - 1 else ddp_model.no_sync()
                 with sync:
-                    with autocast(tc.precision, device):
+                    with autocast(precision, device):
                         logits = ddp_model(b.src, b.tgt_in)
                     loss = label_smoothed_loss(logits, b.tgt_out, tc.label_smoothing, PAD_ID) / n_tokens
                     (scaler.scale(loss) if scaler else loss).backward()
