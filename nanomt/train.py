@@ -129,7 +129,8 @@ def keep_freed_memory() -> bool:
     """Have glibc's malloc serve large blocks from its heap and keep what is freed; False where it did nothing."""
     # By default glibc gives each block over its mmap threshold (at most 32 MB, so a step's (B*T, V) logits and
     # their gradient) pages of its own and unmaps them on free: every step faulted ~50,000 fresh pages in again,
-    # 1.09-1.25x of the Multi30k fp32 step (benchmarks/README.md). Allocator settings of the user's own win.
+    # 1.09-1.25x of the Multi30k fp32 step, 1.01-1.06x of the bf16 one (benchmarks/README.md). Allocator
+    # settings of the user's own win.
     if sys.platform != "linux" or user_allocator_settings():
         return False
     try:
