@@ -7,6 +7,8 @@
 Training is `nanomt train configs/multi30k_de_en.yaml` (re-running resumes, or does nothing if it finished).
 Checkpoint choice (best-BLEU, last, averages of the last N), beam size and length penalty are chosen on val;
 test2016 is decoded by `nanomt evaluate` for the final number (float32 and int8) and the 30-minute checkpoint.
+With --members N, N copies train at once (seeds 1..N, run_dir/member_K, the cores split between them): each
+one's checkpoint is chosen on val on its own, and beam and length penalty for their ensemble.
 Writes benchmarks/results/multi30k_de_en.json and the training-curve plot beside it.
 """
 
@@ -57,6 +59,37 @@ def run_training(config: Path, run_dir: Path, overrides: list[str], log: Path | 
         return
     with open(log, "w") as f:
         subprocess.run(cmd, check=True, stdout=f, stderr=subprocess.STDOUT)
+
+
+def shown(path: Path) -> str:
+    """A path as the results file names it: relative to the repository where it lies inside."""
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def member_dirs(run_dir: Path, members: int) -> list[Path]:
+    """The run directory of each model: the run dir itself for one, run_dir/member_K for an ensemble."""
+    return [run_dir] if members == 1 else [run_dir / f"member_{k}" for k in range(1, members + 1)]
+
+
+def train_members(config: Path, run_dir: Path, overrides: list[str], members: int) -> list[Path]:
+    """Train the recipe once, or `members` times at once (seeds 1..N, the cores split between them)."""
+    if members == 1:
+        run_training(config, run_dir, overrides)
+        return [run_dir]
+    threads = max(1, (os.cpu_count() or 1) // members)
+    procs = []
+    for k, member in enumerate(member_dirs(run_dir, members), start=1):
+        member.parent.mkdir(parents=True, exist_ok=True)
+        cmd = [*NANOMT, "train", str(config), "--run-dir", str(member)]
+        for o in [*overrides, f"train.num_threads={threads}", f"train.seed={k}"]:
+            cmd += ["--set", o]
+        print("$", " ".join(cmd), f"> {member}.log", flush=True)
+        with open(member.with_suffix(".log"), "a") as log:
+            procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
+    codes = [p.wait() for p in procs]
+    if any(codes):
+        sys.exit(f"multi30k.py: error: training exited with {codes} (logs: {run_dir}/member_K.log)")
+    return member_dirs(run_dir, members)
 
 
 def machine() -> dict:
@@ -113,10 +146,11 @@ def with_decoding(src: Path, out: Path, state: dict | None, beam: int, length_pe
     return ckpt.write_checkpoint_dir(out, cfg, tokenizer_dir, state)
 
 
-def val_bleu(path: Path, data: Path, beam: int, length_penalty: float | None = None) -> float:
-    """BLEU of a checkpoint on val (the only split used for choices)."""
+def val_bleu(paths: list[Path], data: Path, beam: int, length_penalty: float | None = None) -> float:
+    """BLEU of a checkpoint (or an ensemble of them) on val, the only split used for choices."""
     kwargs = {} if length_penalty is None else {"length_penalty": length_penalty}
-    report = evaluate(Translator.from_checkpoint(path), data / "val.de", data / "val.en", beam_size=beam, **kwargs)
+    translator = Translator.from_checkpoints(paths)
+    report = evaluate(translator, data / "val.de", data / "val.en", beam_size=beam, **kwargs)
     return report["bleu"]
 
 
@@ -129,28 +163,28 @@ def choose_checkpoint(run_dir: Path, data: Path, work: Path) -> tuple[Path, list
             candidates[f"average_last_{n}"] = ckpt.average_checkpoints([p for _, p in steps[-n:]], work / f"avg{n}")
     table = []
     for name, path in candidates.items():
-        table.append({"checkpoint": name, "val_bleu_beam5": round(val_bleu(path, data, 5), 2)})
+        table.append({"checkpoint": name, "val_bleu_beam5": round(val_bleu([path], data, 5), 2)})
         print(table[-1], flush=True)
     best = max(table, key=lambda r: r["val_bleu_beam5"])
     return candidates[best["checkpoint"]], table
 
 
-def choose_decoding(path: Path, data: Path) -> tuple[int, float, list[dict]]:
+def choose_decoding(paths: list[Path], data: Path) -> tuple[int, float, list[dict]]:
     """Beam size and GNMT length penalty, chosen on val."""
     table = []
     for beam, lp in ((5, 0.6), (5, 1.0), (5, 1.4), (5, 1.8), (5, 2.2), (8, 1.4), (3, 1.4)):
-        table.append({"beam": beam, "length_penalty": lp, "val_bleu": round(val_bleu(path, data, beam, lp), 2)})
+        table.append({"beam": beam, "length_penalty": lp, "val_bleu": round(val_bleu(paths, data, beam, lp), 2)})
         print(table[-1], flush=True)
     best = max(table, key=lambda r: r["val_bleu"])
     return best["beam"], best["length_penalty"], table
 
 
-def nanomt_evaluate(path: Path, data: Path, split: str = "test2016", int8: bool = False) -> dict:
-    """`nanomt evaluate --json` on a split: the number that goes into the results."""
+def nanomt_evaluate(paths: list[Path], data: Path, split: str = "test2016", int8: bool = False) -> dict:
+    """`nanomt evaluate --json` on a split (several checkpoints: their ensemble): the number in the results."""
     cmd = [
         *NANOMT,
         "evaluate",
-        str(path),
+        *map(str, paths),
         "--src",
         str(data / f"{split}.de"),
         "--ref",
@@ -200,7 +234,7 @@ def ablation(config: Path, data: Path, root: Path, steps: int) -> list[dict]:
                 "steps": summary["steps"],
                 "train_wall_seconds": summary["train_wall_seconds"],
                 "val_bleu_greedy": summary["best_valid_greedy_bleu"],
-                "val_bleu_beam5": round(val_bleu(ckpt.step_dirs(run_dir)[-1][1], data, 5), 2),
+                "val_bleu_beam5": round(val_bleu([ckpt.step_dirs(run_dir)[-1][1]], data, 5), 2),
             }
         )
         print(rows[-1], flush=True)
@@ -215,7 +249,15 @@ def main() -> None:
     p.add_argument("--ablation-steps", type=int, default=0, help="also run the ablation, this many steps each")
     p.add_argument("--ablation-only", action="store_true", help="add the ablation to an existing results file")
     p.add_argument("--out", type=Path, default=RESULTS / "multi30k_de_en.json")
+    p.add_argument(
+        "--members",
+        type=int,
+        default=1,
+        help="train N models at once (seeds 1..N, cores split) and decode their ensemble",
+    )
     args = p.parse_args()
+    if args.members < 1:
+        p.error("--members must be >= 1")
     if args.ablation_only and args.ablation_steps <= 0:
         p.error("--ablation-only needs --ablation-steps N (N > 0)")
     data, run_dir = args.data.resolve(), args.run_dir
@@ -233,28 +275,57 @@ def main() -> None:
         return
 
     start = time.time()
-    run_training(args.config, run_dir, data_overrides(data))
-    summary = training_summary(run_dir)
-    work = run_dir / "selection"
-    chosen, checkpoints = choose_checkpoint(run_dir, data, work)
-    beam, lp, decoding = choose_decoding(chosen, data)
-    final = with_decoding(chosen, run_dir / "final", None, beam, lp)
-    test = nanomt_evaluate(final, data)
+    runs = train_members(args.config, run_dir, data_overrides(data), args.members)
+    members = []
+    for run in runs:
+        chosen, checkpoints = choose_checkpoint(run, data, run / "selection")
+        model, cfg, _ = ckpt.load_checkpoint(chosen)
+        members.append(
+            {
+                "run_dir": shown(run.resolve()),
+                "seed": cfg.train.seed,
+                "parameters": model.num_parameters(),
+                **training_summary(run),
+                "chosen": chosen,
+                "chosen_checkpoint": max(checkpoints, key=lambda r: r["val_bleu_beam5"])["checkpoint"],
+                "checkpoint_selection_on_val": checkpoints,
+            }
+        )
+    beam, lp, decoding = choose_decoding([m["chosen"] for m in members], data)
+    # Every checkpoint gets the decoding settings (an ensemble decodes with its first one's).
+    finals = [with_decoding(m.pop("chosen"), run / "final", None, beam, lp) for m, run in zip(members, runs)]
+    test = nanomt_evaluate(finals, data)
     print(f"test2016: BLEU {test['bleu']:.2f}, chrF {test['chrf']:.2f}", flush=True)
-    test_int8 = nanomt_evaluate(final, data, int8=True)  # the same checkpoint and decoding, int8 linear layers
+    test_int8 = nanomt_evaluate(finals, data, int8=True)  # the same checkpoints and decoding, int8 linear layers
     print(f"test2016 int8: BLEU {test_int8['bleu']:.2f}, chrF {test_int8['chrf']:.2f}", flush=True)
 
-    at30 = checkpoint_at_minutes(run_dir, 30)
+    at30 = [checkpoint_at_minutes(run, 30) for run in runs]
     result_30 = None
-    if at30:
-        path30 = with_decoding(at30[1], work / "at_30_minutes", None, beam, lp)
-        r = nanomt_evaluate(path30, data)
-        result_30 = {"step": at30[0], "bleu": r["bleu"], "chrf": r["chrf"]}
+    if all(at30):
+        paths30 = [
+            with_decoding(p30, run / "selection" / "at_30_minutes", None, beam, lp) for (_, p30), run in zip(at30, runs)
+        ]
+        r = nanomt_evaluate(paths30, data)
+        steps30 = [step for step, _ in at30]
+        result_30 = {"step": steps30[0] if len(runs) == 1 else steps30, "bleu": r["bleu"], "chrf": r["chrf"]}
 
-    cfg = load_config(run_dir / ckpt.CONFIG)
-    model, _, _ = ckpt.load_checkpoint(final)
+    cfg = load_config(runs[0] / ckpt.CONFIG)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    curves = plot_curves(run_dir / "metrics.jsonl", args.out.with_name(args.out.stem + "_curves.png"))
+    stem = args.out.stem + "_curves"
+    names = [f"{stem}.png"] if len(runs) == 1 else [f"{stem}_member_{k}.png" for k in range(1, len(runs) + 1)]
+    curves = [plot_curves(run / "metrics.jsonl", args.out.with_name(n)) for run, n in zip(runs, names)]
+    if len(runs) == 1:
+        training = {k: v for k, v in members[0].items() if k not in ("run_dir", "seed")}
+    else:  # the ensemble: its size and the machine's throughput; each model's numbers under "members"
+        training = {
+            "ensemble_of": len(runs),
+            "parameters": sum(m["parameters"] for m in members),
+            "steps": [m["steps"] for m in members],
+            "epochs": [m["epochs"] for m in members],
+            "train_wall_seconds": max(m["train_wall_seconds"] for m in members),
+            "tokens_per_s": round(sum(m["tokens_per_s"] for m in members), 1),
+            "members": members,
+        }
     result = {
         "task": "Multi30k de->en, test2016, detokenized cased sacreBLEU (13a)",
         "bleu": test["bleu"],
@@ -272,10 +343,7 @@ def main() -> None:
             "speedup": round(test_int8["sentences_per_s"] / test["sentences_per_s"], 2),
         },
         "after_30_minutes": result_30,
-        "parameters": model.num_parameters(),
-        **summary,
-        "chosen_checkpoint": checkpoints and max(checkpoints, key=lambda r: r["val_bleu_beam5"])["checkpoint"],
-        "checkpoint_selection_on_val": checkpoints,
+        **training,
         "decoding_selection_on_val": decoding,
         "beam_size": beam,
         "length_penalty": lp,
@@ -285,7 +353,7 @@ def main() -> None:
             "opus_mt_de_en_pretrained": {"bleu": 39.7, "chrf": 60.6},
         },
         "machine": machine(),
-        "curves_png": str(curves.relative_to(ROOT)),
+        "curves_png": [shown(c) for c in curves] if len(curves) > 1 else shown(curves[0]),
         "recipe_wall_seconds_incl_selection": round(time.time() - start, 1),
     }
     if args.ablation_steps > 0:

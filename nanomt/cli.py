@@ -28,7 +28,7 @@ def cmd_translate(args: argparse.Namespace) -> None:
     from nanomt.data import read_lines
     from nanomt.translate import Translator
 
-    translator = Translator.from_checkpoint(args.checkpoint, device=args.device, int8=args.int8)
+    translator = Translator.from_checkpoints(args.checkpoints, device=args.device, int8=args.int8)
     lines = read_lines(args.input) if args.input else [line.rstrip("\r\n") for line in sys.stdin]
     progress = bool(args.input) and sys.stderr.isatty()
     kwargs = {"beam_size": args.beam, "max_tokens": args.max_tokens, "progress": progress}
@@ -53,7 +53,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     from nanomt.evaluate import evaluate
     from nanomt.translate import Translator
 
-    translator = Translator.from_checkpoint(args.checkpoint, device=args.device, int8=args.int8)
+    translator = Translator.from_checkpoints(args.checkpoints, device=args.device, int8=args.int8)
     report = evaluate(
         translator,
         args.src,
@@ -160,6 +160,10 @@ def cmd_serve(args: argparse.Namespace) -> None:
     )
 
 
+ENSEMBLE_HELP = (
+    "checkpoint directory; several (sharing one tokenizer) decode as an ensemble that averages their next-token "
+    "probabilities, with the first one's decoding settings"
+)
 INT8_HELP = (
     "int8 linear layers (CPU only): faster decoding for a small BLEU cost (README, Speed); a sentence's output "
     "may then depend slightly on the sentences batched with it"
@@ -178,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_train)
 
     s = sub.add_parser("translate", help="translate one sentence a line (stdin to stdout by default)")
-    s.add_argument("checkpoint")
+    s.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT", help=ENSEMBLE_HELP)
     s.add_argument("--input", "-i", help="input file (default stdin)")
     s.add_argument("--output", "-o", help="output file (default stdout)")
     s.add_argument("--beam", type=int, default=None, help="beam size (default: the checkpoint's decode.beam_size)")
@@ -190,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_translate)
 
     s = sub.add_parser("evaluate", help="sacreBLEU BLEU and chrF of a checkpoint on a test set")
-    s.add_argument("checkpoint")
+    s.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT", help=ENSEMBLE_HELP)
     s.add_argument("--src", required=True)
     s.add_argument("--ref", required=True)
     s.add_argument("--beam", type=int, default=None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,10 +11,11 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from nanomt.checkpoint import load_checkpoint
+from nanomt.checkpoint import CheckpointError, load_checkpoint
 from nanomt.config import Config
 from nanomt.data import make_batches
 from nanomt.decode import Hypothesis, beam_search, greedy, sample
+from nanomt.ensemble import Ensemble
 from nanomt.model import Transformer
 from nanomt.quantize import quantize_int8
 from nanomt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
@@ -38,7 +40,7 @@ class Translator:
 
     def __init__(
         self,
-        model: Transformer,
+        model: Transformer | Ensemble,
         tokenizer: Tokenizer,
         cfg: Config,
         device: str | torch.device = "cpu",
@@ -59,6 +61,22 @@ class Translator:
         """Load any checkpoint directory (a run dir, checkpoints/step_N, or an averaged one)."""
         model, cfg, tokenizer = load_checkpoint(path, device)
         return cls(model, tokenizer, cfg, device, int8)
+
+    @classmethod
+    def from_checkpoints(
+        cls, paths: list[str | Path], device: str | torch.device = "cpu", int8: bool = False
+    ) -> Translator:
+        """One checkpoint, or an ensemble of several that share a tokenizer (decoding defaults from the first)."""
+        if len(paths) == 1:
+            return cls.from_checkpoint(paths[0], device, int8)
+        loaded = [load_checkpoint(path, device) for path in paths]
+        _, cfg, tokenizer = loaded[0]
+        for path, (_, _, other) in zip(paths[1:], loaded[1:]):
+            if other.fingerprint() != tokenizer.fingerprint():
+                raise CheckpointError(f"{path}: its tokenizer differs from {paths[0]}'s (an ensemble shares one)")
+        ensemble = Ensemble([model for model, _, _ in loaded])
+        # Its positions are its shortest member's: source lines are truncated to fit every member.
+        return cls(ensemble, tokenizer, dataclasses.replace(cfg, model=ensemble.cfg), device, int8)
 
     def _encode(self, sentences: list[str]) -> list[list[int]]:
         ids = self.tokenizer.encode_src(sentences)

@@ -5,12 +5,22 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from nanomt.synthetic import write_corpus
 
 # Subprocesses and the tests themselves use 1 thread each, so results do not depend on the machine's core count.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 NANOMT = [sys.executable, "-m", "nanomt.cli"]
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models: intra-op threads cost more than they save, and thrash on a busy machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,7 @@ from conftest import NANOMT, tiny_config
 
 from nanomt.checkpoint import WEIGHTS, CheckpointError, read_weights, step_dirs
 from nanomt.config import config_from_dict
+from nanomt.ensemble import Ensemble
 from nanomt.quantize import is_quantized
 from nanomt.tokenizer import train_tokenizer
 from nanomt.train import train
@@ -86,6 +87,35 @@ def test_checkpoint_with_another_vocabulary_is_refused(run_dir, toy_corpus, tmp_
         Translator.from_checkpoint(bad)
     res = cli("translate", bad, input="la nuka korat.\n")
     assert res.returncode == 1 and res.stderr.startswith("nanomt: error:") and "vocabulary" in res.stderr
+
+
+def test_ensemble_of_checkpoints_translates_and_evaluates(run_dir, toy_corpus):
+    steps = [p for _, p in step_dirs(run_dir)]
+    lines = toy_corpus["test.src"].read_text().splitlines()[:6]
+    res = cli("translate", steps[-1], steps[0], "--beam", 3, input="\n".join(lines) + "\n")
+    assert res.returncode == 0, res.stderr
+    ensemble = Translator.from_checkpoints([steps[-1], steps[0]])
+    assert isinstance(ensemble.model, Ensemble) and len(ensemble.model.members) == 2
+    assert res.stdout.splitlines() == ensemble.translate(lines, beam_size=3)
+    # Two copies of one model average to that model's probabilities: the same translations.
+    copies = Translator.from_checkpoints([run_dir, run_dir]).translate(lines, beam_size=3)
+    assert copies == Translator.from_checkpoint(run_dir).translate(lines, beam_size=3)
+    res = cli("evaluate", steps[-1], steps[0], "--src", toy_corpus["test.src"], "--ref", toy_corpus["test.tgt"])
+    assert res.returncode == 0 and "BLEU =" in res.stdout, res.stderr
+
+
+def test_ensemble_of_checkpoints_with_different_tokenizers_is_refused(run_dir, toy_corpus, tmp_path):
+    other = tmp_path / "other"
+    shutil.copytree(run_dir, other, ignore=shutil.ignore_patterns("checkpoints", "bin"))
+    shutil.rmtree(other / "tokenizer")
+    cfg = config_from_dict(tiny_config(toy_corpus)).data
+    src, tgt = (toy_corpus[f"train.{side}"].read_text().splitlines() for side in ("src", "tgt"))
+    train_tokenizer(tgt, src, other / "tokenizer", cfg)  # same sizes, other pieces: only the fingerprint differs
+    Translator.from_checkpoint(other)  # a valid checkpoint on its own
+    with pytest.raises(CheckpointError, match="tokenizer differs"):
+        Translator.from_checkpoints([run_dir, other])
+    res = cli("translate", run_dir, other, input="la nuka korat.\n")
+    assert res.returncode == 1 and res.stderr.count("\n") == 1 and "tokenizer differs" in res.stderr
 
 
 def test_evaluate_json_matches_sacrebleu(run_dir, toy_corpus, tmp_path):
