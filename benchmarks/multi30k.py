@@ -48,11 +48,17 @@ def data_overrides(data: Path) -> list[str]:
     ]
 
 
-def run_training(config: Path, run_dir: Path, overrides: list[str], log: Path | None = None) -> None:
-    """`nanomt train`, in a subprocess so its threads and memory are its own; its output to `log` if given."""
+def train_command(config: Path, run_dir: Path, overrides: list[str]) -> list[str]:
+    """The `nanomt train` command line for a run directory and its --set overrides."""
     cmd = [*NANOMT, "train", str(config), "--run-dir", str(run_dir)]
     for o in overrides:
         cmd += ["--set", o]
+    return cmd
+
+
+def run_training(config: Path, run_dir: Path, overrides: list[str], log: Path | None = None) -> None:
+    """`nanomt train`, in a subprocess so its threads and memory are its own; its output to `log` if given."""
+    cmd = train_command(config, run_dir, overrides)
     if log is None:
         print("$", " ".join(cmd), flush=True)
         subprocess.run(cmd, check=True)
@@ -73,23 +79,22 @@ def member_dirs(run_dir: Path, members: int) -> list[Path]:
 
 def train_members(config: Path, run_dir: Path, overrides: list[str], members: int) -> list[Path]:
     """Train the recipe once, or `members` times at once (seeds 1..N, the cores split between them)."""
+    runs = member_dirs(run_dir, members)
     if members == 1:
         run_training(config, run_dir, overrides)
-        return [run_dir]
+        return runs
     threads = max(1, (os.cpu_count() or 1) // members)
     procs = []
-    for k, member in enumerate(member_dirs(run_dir, members), start=1):
+    for k, member in enumerate(runs, start=1):
         member.parent.mkdir(parents=True, exist_ok=True)
-        cmd = [*NANOMT, "train", str(config), "--run-dir", str(member)]
-        for o in [*overrides, f"train.num_threads={threads}", f"train.seed={k}"]:
-            cmd += ["--set", o]
+        cmd = train_command(config, member, [*overrides, f"train.num_threads={threads}", f"train.seed={k}"])
         print("$", " ".join(cmd), f"> {member}.log", flush=True)
         with open(member.with_suffix(".log"), "a") as log:
             procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
     codes = [p.wait() for p in procs]
     if any(codes):
         sys.exit(f"multi30k.py: error: training exited with {codes} (logs: {run_dir}/member_K.log)")
-    return member_dirs(run_dir, members)
+    return runs
 
 
 def machine() -> dict:

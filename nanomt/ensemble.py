@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -23,9 +24,9 @@ class Ensemble(nn.Module):
         if not models:
             raise ValueError("an ensemble needs at least one model")
         first = models[0].cfg
+        theirs = (first.src_vocab_size, first.tgt_vocab_size, first.pad_id)
         for i, m in enumerate(models[1:], start=2):
             ours = (m.cfg.src_vocab_size, m.cfg.tgt_vocab_size, m.cfg.pad_id)
-            theirs = (first.src_vocab_size, first.tgt_vocab_size, first.pad_id)
             if ours != theirs:
                 raise ValueError(
                     f"model {i} has vocabularies {ours[0]}/{ours[1]} and pad id {ours[2]}, model 1 has "
@@ -35,7 +36,9 @@ class Ensemble(nn.Module):
         # decode.py reads pad_id and max_positions here: no member may be asked for a position it lacks.
         self.cfg = dataclasses.replace(first, max_positions=min(m.cfg.max_positions for m in models))
         self._widths = [m.cfg.d_model for m in models]
-        self._depths = [len(m.decoder) for m in models]
+        # Member i's decoder layers in the joint cache, fixed by the members' depths.
+        bounds = list(itertools.accumulate((len(m.decoder) for m in models), initial=0))
+        self._layers = [slice(a, b) for a, b in zip(bounds, bounds[1:])]
 
     def _split(self, enc: Encoded) -> list[Encoded]:
         """Each member's part of the joint encoder output."""
@@ -44,9 +47,7 @@ class Ensemble(nn.Module):
 
     def _split_cache(self, cache: DecoderCache) -> list[DecoderCache]:
         """Each member's layers of the joint cache."""
-        ends = [sum(self._depths[: i + 1]) for i in range(len(self._depths))]
-        starts = [0, *ends[:-1]]
-        return [DecoderCache(cache.layers[a:b], cache.length) for a, b in zip(starts, ends)]
+        return [DecoderCache(cache.layers[layers], cache.length) for layers in self._layers]
 
     def encode(self, src: Tensor, need_weights: bool = False) -> Encoded:
         """src (B, S) -> every member's memory, side by side on the feature axis: (B, S, D_1 + ... + D_M)."""
