@@ -7,11 +7,47 @@ from pathlib import Path
 import pytest
 import torch
 
+from nanomt.config import ModelConfig
+from nanomt.model import Transformer
 from nanomt.synthetic import write_corpus
+from nanomt.tokenizer import EOS_ID, PAD_ID
 
 # Subprocesses and the tests themselves use 1 thread each, so results do not depend on the machine's core count.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 NANOMT = [sys.executable, "-m", "nanomt.cli"]
+
+
+def random_transformer(seed: int, vocab: int, d_model: int = 32, layers: int = 2, max_positions: int = 64):
+    """A tiny random model in eval mode, for decoding tests."""
+    cfg = ModelConfig(
+        src_vocab_size=vocab,
+        tgt_vocab_size=vocab,
+        d_model=d_model,
+        n_heads=2,
+        n_encoder_layers=layers,
+        n_decoder_layers=layers,
+        d_ff=2 * d_model,
+        dropout=0.0,
+        max_positions=max_positions,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        m = Transformer(cfg).eval()
+    with torch.no_grad():
+        # Peakier distributions and a likelier EOS: varied outputs, some ending early, few near-ties.
+        m.output.weight.mul_(4.0)
+        m.output.weight[EOS_ID].mul_(2.0)
+    return m
+
+
+def random_src(lengths: list[int], seed: int = 0, extra_pad: int = 0, *, vocab: int) -> torch.Tensor:
+    """Random sentences of the given lengths (before EOS), right-padded to a common width."""
+    g = torch.Generator().manual_seed(seed)
+    src = torch.full((len(lengths), max(lengths) + 1 + extra_pad), PAD_ID)
+    for i, n in enumerate(lengths):
+        src[i, :n] = torch.randint(4, vocab, (n,), generator=g)  # ids 0-3 are PAD, UNK, BOS, EOS
+        src[i, n] = EOS_ID
+    return src
 
 
 @pytest.fixture(scope="module")

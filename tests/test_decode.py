@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections import Counter
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from conftest import random_src, random_transformer
 
 from nanomt.config import ModelConfig
 from nanomt.decode import Hypothesis, beam_search, greedy, max_len_fn, sample
@@ -28,35 +30,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(scope="module")
 def model() -> Transformer:
-    cfg = ModelConfig(
-        src_vocab_size=V,
-        tgt_vocab_size=V,
-        d_model=32,
-        n_heads=2,
-        n_encoder_layers=2,
-        n_decoder_layers=2,
-        d_ff=64,
-        dropout=0.0,
-        max_positions=64,
-    )
-    with torch.random.fork_rng():
-        torch.manual_seed(2)
-        m = Transformer(cfg).eval()
-    with torch.no_grad():
-        # Peakier distributions and a likelier EOS: varied outputs, some ending early, few near-ties.
-        m.output.weight.mul_(4.0)
-        m.output.weight[EOS].mul_(2.0)
-    return m
+    return random_transformer(2, V)
 
 
-def make_src(lengths: list[int], seed: int = 0, extra_pad: int = 0) -> torch.Tensor:
-    """Random sentences of the given lengths (before EOS), right-padded to a common width."""
-    g = torch.Generator().manual_seed(seed)
-    src = torch.full((len(lengths), max(lengths) + 1 + extra_pad), PAD)
-    for i, n in enumerate(lengths):
-        src[i, :n] = torch.randint(4, V, (n,), generator=g)
-        src[i, n] = EOS
-    return src
+make_src = functools.partial(random_src, vocab=V)
 
 
 LENGTHS = [7, 3, 5, 1, 6, 8, 2, 4]

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
 import torch
+from conftest import random_src, random_transformer
 
 from nanomt.config import ModelConfig
 from nanomt.decode import beam_search, greedy
@@ -19,42 +21,13 @@ V = 20
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def tiny(seed: int, d_model: int = 32, layers: int = 2, max_positions: int = 64) -> Transformer:
-    """A random model whose outputs are peaky enough to end sentences at varied lengths."""
-    cfg = ModelConfig(
-        src_vocab_size=V,
-        tgt_vocab_size=V,
-        d_model=d_model,
-        n_heads=2,
-        n_encoder_layers=layers,
-        n_decoder_layers=layers,
-        d_ff=2 * d_model,
-        dropout=0.0,
-        max_positions=max_positions,
-    )
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        m = Transformer(cfg).eval()
-    with torch.no_grad():
-        m.output.weight.mul_(4.0)
-        m.output.weight[EOS].mul_(2.0)
-    return m
-
-
 @pytest.fixture(scope="module")
 def members() -> list[Transformer]:
     # Different widths and depths: the ensemble must keep each member's memory and cache apart.
-    return [tiny(1), tiny(2, d_model=48, layers=1), tiny(3)]
+    return [random_transformer(1, V), random_transformer(2, V, d_model=48, layers=1), random_transformer(3, V)]
 
 
-def make_src(lengths: list[int], seed: int = 0) -> torch.Tensor:
-    """Random sentences of the given lengths (before EOS), right-padded."""
-    g = torch.Generator().manual_seed(seed)
-    src = torch.full((len(lengths), max(lengths) + 1), PAD)
-    for i, n in enumerate(lengths):
-        src[i, :n] = torch.randint(4, V, (n,), generator=g)
-        src[i, n] = EOS
-    return src
+make_src = functools.partial(random_src, vocab=V)
 
 
 def mean_log_probs(models: list[Transformer], src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
@@ -116,7 +89,7 @@ def test_beam_scores_are_the_ensembles_log_probabilities(members):
 
 
 def test_positions_are_the_shortest_members():
-    ensemble = Ensemble([tiny(1, max_positions=64), tiny(2, max_positions=16)])
+    ensemble = Ensemble([random_transformer(1, V), random_transformer(2, V, max_positions=16)])
     assert ensemble.cfg.max_positions == 16
     out = greedy(ensemble, make_src([3]), max_len=100)
     assert len(out[0]) <= 16
