@@ -84,17 +84,26 @@ def train_members(config: Path, run_dir: Path, overrides: list[str], members: in
         run_training(config, run_dir, overrides)
         return runs
     threads = max(1, (os.cpu_count() or 1) // members)
+    jobs = [
+        (member, [*overrides, f"train.num_threads={threads}", f"train.seed={k}"]) for k, member in enumerate(runs, 1)
+    ]
+    train_side_by_side(config, jobs)
+    return runs
+
+
+def train_side_by_side(config: Path, jobs: list[tuple[Path, list[str]]]) -> None:
+    """Run `nanomt train` for every (run dir, overrides) at once, each one's output to RUN_DIR.log; wait for all."""
     procs = []
-    for k, member in enumerate(runs, start=1):
-        member.parent.mkdir(parents=True, exist_ok=True)
-        cmd = train_command(config, member, [*overrides, f"train.num_threads={threads}", f"train.seed={k}"])
-        print("$", " ".join(cmd), f"> {member}.log", flush=True)
-        with open(member.with_suffix(".log"), "a") as log:
+    for run_dir, overrides in jobs:
+        run_dir.parent.mkdir(parents=True, exist_ok=True)
+        cmd = train_command(config, run_dir, overrides)
+        print("$", " ".join(cmd), f"> {run_dir}.log", flush=True)
+        with open(run_dir.with_suffix(".log"), "a") as log:
             procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
     codes = [p.wait() for p in procs]
     if any(codes):
-        sys.exit(f"multi30k.py: error: training exited with {codes} (logs: {run_dir}/member_K.log)")
-    return runs
+        logs = ", ".join(f"{run_dir}.log" for run_dir, _ in jobs)
+        sys.exit(f"{Path(sys.argv[0]).name}: error: training exited with {codes} (logs: {logs})")
 
 
 def machine() -> dict:
