@@ -19,7 +19,15 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from multi30k import RESULTS, ROOT, data_overrides, machine, shown, train_side_by_side  # noqa: E402
+from multi30k import (  # noqa: E402
+    RESULTS,
+    ROOT,
+    data_overrides,
+    machine,
+    shown,
+    train_side_by_side,
+    training_summary,
+)
 
 from nanomt.plots import read_metrics  # noqa: E402
 
@@ -45,19 +53,15 @@ def parse_variant(text: str) -> tuple[str, list[str]]:
 
 
 def summary(run_dir: Path) -> dict:
-    """Steps, tokens/s, the greedy val BLEU curve and the last losses of one variant's run."""
+    """`multi30k.training_summary` of one variant's run, with its last losses and greedy val BLEU."""
     rows = read_metrics(run_dir / "metrics.jsonl")
     train_rows = [r for r in rows if "loss" in r]
-    evals = [r for r in rows if "valid_bleu" in r]
+    last_eval = [r for r in rows if "valid_bleu" in r][-1]
     return {
-        "steps": max(r["step"] for r in rows),
-        "train_wall_seconds": max(r["elapsed_s"] for r in rows),
-        # None for a run shorter than one log interval (a smoke test)
-        "tokens_per_s": round(sum(r["tokens_per_s"] for r in train_rows) / len(train_rows), 1) if train_rows else None,
+        **training_summary(run_dir),
         "final_train_loss": round(train_rows[-1]["loss"], 4) if train_rows else None,
-        "final_valid_loss": round(evals[-1]["valid_loss"], 4),
-        "final_val_bleu_greedy": round(evals[-1]["valid_bleu"], 2),
-        "val_bleu_greedy_curve": [(r["step"], round(r["valid_bleu"], 2)) for r in evals],
+        "final_valid_loss": round(last_eval["valid_loss"], 4),
+        "final_val_bleu_greedy": round(last_eval["valid_bleu"], 2),
     }
 
 
