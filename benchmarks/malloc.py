@@ -14,61 +14,31 @@ first --warmup steps, and the run's minor page faults and system CPU seconds (ge
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import resource
-import statistics
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from multi30k import RESULTS, ROOT, data_overrides, machine, run_training  # noqa: E402
+from multi30k import step_timing_args, timed_run, write_step_timings  # noqa: E402
 
-from nanomt.plots import read_metrics  # noqa: E402
 from nanomt.train import user_allocator_settings  # noqa: E402
 
 SETTINGS = {"glibc_default": "glibc.malloc.perturb=0", "nanomt": None}
 
 
 def one_run(config: Path, data: Path, run_dir: Path, steps: int, warmup: int, tunables: str | None) -> dict:
-    """Train `steps` steps in a fresh run directory; ms per step, page faults and system time of the child."""
+    """Train `steps` steps in a fresh run directory with these malloc tunables (None: nanomt's setting)."""
     if tunables is not None:  # main() unset the user's allocator variables, so the other setting starts clean
         os.environ["GLIBC_TUNABLES"] = tunables
-    overrides = [
-        *data_overrides(data),
-        f"train.max_steps={steps}",
-        "train.max_minutes=null",
-        "train.log_every=1",
-        "train.eval_every=1000000",
-        "train.save_every=1000000",
-        "train.progress=false",
-    ]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    run_training(config, run_dir, overrides, log=run_dir.with_suffix(".log"))
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    os.environ.pop("GLIBC_TUNABLES", None)
-    rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if "loss" in r]
-    elapsed = [r["elapsed_s"] for r in rows]
-    step_s = [b - a for a, b in zip(elapsed, elapsed[1:])][warmup:]
-    return {
-        "ms_per_step_median": round(1000 * statistics.median(step_s), 1),
-        "minor_page_faults": after.ru_minflt - before.ru_minflt,
-        "system_cpu_s": round(after.ru_stime - before.ru_stime, 2),
-        "user_cpu_s": round(after.ru_utime - before.ru_utime, 2),
-    }
+    try:
+        return timed_run(config, data, run_dir, steps, warmup)
+    finally:
+        os.environ.pop("GLIBC_TUNABLES", None)
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data" / "multi30k")
-    p.add_argument("--config", type=Path, default=ROOT / "configs" / "multi30k_de_en.yaml")
-    p.add_argument("--steps", type=int, default=80)
-    p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--pairs", type=int, default=2)
-    p.add_argument("--out", type=Path, default=RESULTS / "malloc.json")
-    args = p.parse_args()
+    args = step_timing_args(__doc__, pairs=2, out="malloc.json")
     removed = user_allocator_settings()  # both settings start from glibc's defaults
     for k in removed:
         print(f"unsetting {k} for the runs", flush=True)
@@ -91,17 +61,9 @@ def main() -> None:
     ]
     if any(b > a / 2 for a, b in faults):
         print(f"warning: nanomt's setting did not cut the page faults here {faults}", flush=True)
-    result = {
-        "config": str(args.config.relative_to(ROOT)),
-        "environment_variables_unset": removed,
-        "steps_per_run": args.steps,
-        "warmup_steps_excluded": args.warmup,
-        "runs": runs,
-        "speedup_per_pair": speedup,
-        "machine": machine(),
-    }
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(speedup), f"\nwrote {args.out}")
+    write_step_timings(
+        args.out, args.config, args.steps, args.warmup, runs, speedup, environment_variables_unset=removed
+    )
 
 
 if __name__ == "__main__":

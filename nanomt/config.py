@@ -44,6 +44,9 @@ class ModelConfig:
     # None: Xavier-uniform matrices and N(0, d_model^-1/2) embeddings; a number: N(0, init_std) for both
     # (BERT/Marian's 0.02 makes Adam's steps larger relative to the weights).
     init_std: float | None = None
+    # Score only the target ids that occur in the training targets (`Transformer.set_output_vocab`): with a
+    # vocabulary shared by both languages, training skips the source-only rows of the output projection.
+    restrict_output: bool = False
 
     def __post_init__(self):
         for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff", "max_positions"):

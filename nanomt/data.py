@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from .config import DataConfig, HFDataConfig, SplitConfig
-from .tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, set_sampling_seed
+from .tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, set_sampling_seed
 
 log = logging.getLogger("nanomt")
 
@@ -230,6 +230,11 @@ class Corpus:
     @property
     def tgt_lens(self) -> np.ndarray:
         return np.diff(self.tgt_offsets)
+
+
+def output_ids(corpus: Corpus) -> np.ndarray:
+    """The target ids a model trained on `corpus` has to produce: those of its targets, EOS and UNK (sorted)."""
+    return np.union1d(np.unique(corpus.tgt_tokens), [UNK_ID, EOS_ID]).astype(np.int64)
 
 
 def _token_dtype(vocab_size: int) -> np.dtype:

@@ -404,6 +404,16 @@ class Transformer(nn.Module):
         self.reset_parameters()
         if cfg.tie_output:  # 3.4: the pre-softmax projection shares the target embedding matrix
             self.output.weight = self.tgt_embed.tokens.weight
+        if not cfg.restrict_output:
+            self.output_mask = None  # every target id is scored
+        else:
+            # Which target ids the output scores, saved with the weights (all until `set_output_vocab`); the
+            # kept ids (K,) and each id's position among them (V,) are derived from it.
+            v = cfg.tgt_vocab_size
+            self.register_buffer("output_mask", torch.ones(v, dtype=torch.bool))
+            self.register_buffer("output_ids", torch.arange(v), persistent=False)
+            self.register_buffer("output_index", torch.arange(v), persistent=False)
+            self.register_load_state_dict_post_hook(_derive_output_vocab)
 
     def reset_parameters(self) -> None:
         """Xavier-uniform matrices, zero biases, N(0, D^-1/2) embeddings (scaled by sqrt(D)); or N(0, init_std)."""
@@ -420,6 +430,29 @@ class Transformer(nn.Module):
                     nn.init.zeros_(module.bias)
             elif isinstance(module, nn.Embedding):
                 nn.init.normal_(module.weight, mean=0.0, std=self.cfg.d_model**-0.5 if std is None else std)
+
+    @torch.no_grad()
+    def set_output_vocab(self, ids: Tensor) -> None:
+        """Score only these target ids (and those up to pad_id, so that padding keeps its position)."""
+        if self.output_mask is None:
+            raise ValueError("set_output_vocab needs a model built with restrict_output=True")
+        mask = torch.zeros_like(self.output_mask)
+        mask[ids.to(mask.device, torch.long)] = True
+        mask[: self.cfg.pad_id + 1] = True
+        self.output_mask.copy_(mask)
+        _derive_output_vocab(self)
+
+    def output_targets(self, tgt: Tensor) -> Tensor:
+        """Target ids -> their positions in `logits(..., restricted=True)`; unscored ids become padding."""
+        return tgt if self.output_mask is None else self.output_index[tgt]
+
+    def logits(self, h: Tensor, restricted: bool = False) -> Tensor:
+        """h (B, T, D) -> logits (B, T, V), -inf at ids the output does not score; restricted: (B, T, K) only."""
+        if self.output_mask is None:
+            return self.output(h)
+        if restricted:  # training: the K kept rows of the projection, a smaller matmul and softmax
+            return F.linear(h, self.output.weight[self.output_ids])  # (B, T, K)
+        return self.output(h).masked_fill(~self.output_mask, float("-inf"))  # (B, T, V)
 
     def num_parameters(self) -> int:
         """Trainable parameters, each shared tensor counted once."""
@@ -454,9 +487,14 @@ class Transformer(nn.Module):
         return DecoderCache(layers, 0)
 
     def decode(
-        self, tgt: Tensor, enc: Encoded, cache: DecoderCache | None = None, need_weights: bool = False
+        self,
+        tgt: Tensor,
+        enc: Encoded,
+        cache: DecoderCache | None = None,
+        need_weights: bool = False,
+        restricted: bool = False,
     ) -> DecoderOutput:
-        """tgt (B, T) ids -> logits (B, T, V). With a cache, tgt holds only the new tokens after cache.length."""
+        """tgt (B, T) ids -> logits (B, T, V) (see `logits`). With a cache, tgt holds only the tokens after it."""
         start = 0 if cache is None else cache.length
         x = self.tgt_embed(tgt, start)
         new_layers = []
@@ -473,14 +511,14 @@ class Transformer(nn.Module):
             if need_weights:
                 self_ws.append(self_w)
                 cross_ws.append(cross_w)
-        logits = self.output(self.decoder_norm(x))  # (B, T, V)
+        logits = self.logits(self.decoder_norm(x), restricted)  # (B, T, V), or (B, T, K) restricted
         new_cache = None if cache is None else DecoderCache(tuple(new_layers), start + tgt.size(1))
         return DecoderOutput(logits, new_cache, self_ws, cross_ws)
 
-    def forward(self, src: Tensor, tgt: Tensor, need_weights: bool = False):
+    def forward(self, src: Tensor, tgt: Tensor, need_weights: bool = False, restricted: bool = False):
         """Teacher-forced logits (B, T, V); with need_weights, also a dict of per-layer attention weights."""
         enc = self.encode(src, need_weights)
-        out = self.decode(tgt, enc, need_weights=need_weights)
+        out = self.decode(tgt, enc, need_weights=need_weights, restricted=restricted)
         if not need_weights:
             return out.logits
         return out.logits, {
@@ -488,3 +526,12 @@ class Transformer(nn.Module):
             "decoder": out.self_attention,
             "cross": out.cross_attention,
         }
+
+
+@torch.no_grad()
+def _derive_output_vocab(model: Transformer, _incompatible_keys=None) -> None:
+    """Recompute the kept ids and each id's position from `output_mask` (after loading or setting it)."""
+    ids = model.output_mask.nonzero().squeeze(1)  # (K,)
+    index = torch.full_like(model.output_index, model.cfg.pad_id)  # unscored ids -> padding, which the loss skips
+    index[ids] = torch.arange(len(ids), device=ids.device)
+    model.output_ids, model.output_index = ids, index

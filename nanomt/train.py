@@ -31,6 +31,7 @@ from nanomt.data import (
     collate,
     corpus_texts,
     make_batches,
+    output_ids,
     padding_fraction,
     resegment,
     shard,
@@ -288,9 +289,10 @@ def evaluate_loss(model, corpus: Corpus, cfg: Config, device: torch.device) -> f
     for idx in make_batches(corpus.src_lens, corpus.tgt_lens, cfg.train.max_tokens, 0, 0, shuffle=False):
         batch = collate(corpus, idx).to(device)
         with autocast(cfg.train.precision, device):
-            logits = model(batch.src, batch.tgt_in)
-        total += label_smoothed_loss(logits, batch.tgt_out, cfg.train.label_smoothing, PAD_ID).item()
-        tokens += batch.n_tgt_tokens
+            logits = model(batch.src, batch.tgt_in, restricted=True)
+        target = model.output_targets(batch.tgt_out)  # with restrict_output, ids it never scores are skipped
+        total += label_smoothed_loss(logits, target, cfg.train.label_smoothing, PAD_ID).item()
+        tokens += int((target != PAD_ID).sum())
     return total / max(tokens, 1)
 
 
@@ -360,6 +362,19 @@ def train(cfg: Config, run_dir: str | Path) -> Path:
 
     seed_everything(tc.seed)
     model = Transformer(cfg.model).to(device)
+    if cfg.model.restrict_output:
+        if cfg.data.bpe_dropout:
+            raise TrainingError(
+                "model.restrict_output needs data.bpe_dropout: 0 (dropout segmentations use target ids that "
+                "the plain one never does)"
+            )
+        model.set_output_vocab(torch.from_numpy(output_ids(corpus)))
+        if rank == 0:
+            log.info(
+                "output layer: %d of %d target ids (the training targets')",
+                len(model.output_ids),
+                len(model.output_mask),
+            )
     optimizer = torch.optim.AdamW(
         model.parameters(),
         lr=lr_at(1, tc, cfg.model.d_model),
@@ -500,8 +515,9 @@ def train(cfg: Config, run_dir: str | Path) -> Path:
                 sync = contextlib.nullcontext() if world == 1 or i == len(group) - 1 else ddp_model.no_sync()
                 with sync:
                     with autocast(precision, device):
-                        logits = ddp_model(b.src, b.tgt_in)
-                    loss = label_smoothed_loss(logits, b.tgt_out, tc.label_smoothing, PAD_ID) / n_tokens
+                        logits = ddp_model(b.src, b.tgt_in, restricted=True)
+                    target = model.output_targets(b.tgt_out)
+                    loss = label_smoothed_loss(logits, target, tc.label_smoothing, PAD_ID) / n_tokens
                     (scaler.scale(loss) if scaler else loss).backward()
                 loss_sum += loss.item()
             if world > 1:  # every rank logs, and stops on, the loss of the whole global batch

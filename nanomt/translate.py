@@ -67,6 +67,8 @@ class Translator:
         cls, paths: list[str | Path], device: str | torch.device = "cpu", int8: bool = False
     ) -> Translator:
         """One checkpoint, or an ensemble of several that share a tokenizer (decoding defaults from the first)."""
+        if not paths:
+            raise CheckpointError("no checkpoint given")
         if len(paths) == 1:
             return cls.from_checkpoint(paths[0], device, int8)
         loaded = [load_checkpoint(path, device) for path in paths]

@@ -9,10 +9,12 @@ import pytest
 import torch
 from conftest import random_src, random_transformer
 
+from nanomt.checkpoint import CheckpointError
 from nanomt.config import ModelConfig
 from nanomt.decode import beam_search, greedy
 from nanomt.ensemble import Ensemble
 from nanomt.model import Transformer
+from nanomt.translate import Translator
 
 PAD, UNK, BOS, EOS = range(4)
 V = 20
@@ -98,6 +100,8 @@ def test_positions_are_the_shortest_members():
 def test_bad_ensembles_raise(members):
     with pytest.raises(ValueError, match="at least one"):
         Ensemble([])
+    with pytest.raises(CheckpointError, match="no checkpoint given"):
+        Translator.from_checkpoints([])
     other = Transformer(ModelConfig(src_vocab_size=V, tgt_vocab_size=V + 1, d_model=32, n_heads=2))
     with pytest.raises(ValueError, match="share one vocabulary"):
         Ensemble([members[0], other])
