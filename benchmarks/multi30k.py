@@ -70,7 +70,7 @@ def run_training(config: Path, run_dir: Path, overrides: list[str], log: Path | 
 
 
 def timed_run(config: Path, data: Path, run_dir: Path, steps: int, warmup: int, overrides: list[str] = ()) -> dict:
-    """Train `steps` steps in a fresh run directory: median ms a step after `warmup`, the child's faults and CPU."""
+    """Train `steps` steps in a fresh run dir: median and mean ms a step after `warmup`, the child's faults and CPU."""
     overrides = [
         *data_overrides(data),
         f"train.max_steps={steps}",
