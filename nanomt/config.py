@@ -163,6 +163,17 @@ class TrainConfig:
     valid_bleu_sentences: int | None = None
     tensorboard: bool = False
     progress: bool = True
+    # Curriculum dropout (Morerio et al., 2017): the embedding and sub-layer dropout (model.dropout) rises
+    # linearly from dropout_start to model.dropout over the first `dropout_ramp` of the budget (of max_steps, or
+    # of max_minutes if that runs out first): early steps learn faster, late ones are regularized. None: constant.
+    dropout_start: float | None = None
+    dropout_ramp: float = 0.5
+
+    def __post_init__(self):
+        if self.dropout_start is not None and not 0.0 <= self.dropout_start < 1.0:
+            raise ValueError(f"dropout_start must be in [0, 1), got {self.dropout_start}")
+        if not 0.0 < self.dropout_ramp <= 1.0:
+            raise ValueError(f"dropout_ramp must be in (0, 1], got {self.dropout_ramp}")
 
 
 @dataclass(frozen=True)

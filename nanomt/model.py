@@ -6,6 +6,7 @@ Masks are boolean with scaled_dot_product_attention's convention: True = may att
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -450,9 +451,21 @@ class Transformer(nn.Module):
         """h (B, T, D) -> logits (B, T, V), -inf at ids the output does not score; restricted: (B, T, K) only."""
         if self.output_mask is None:
             return self.output(h)
-        if restricted:  # training: the K kept rows of the projection, a smaller matmul and softmax
-            return F.linear(h, self.output.weight[self.output_ids])  # (B, T, K)
-        return self.output(h).masked_fill(~self.output_mask, float("-inf"))  # (B, T, V)
+        v = len(self.output_mask)
+        if self.output.out_features == v:  # the whole (tied) projection, as trained and saved
+            if restricted:  # training: the K kept rows of the projection, a smaller matmul and softmax
+                return F.linear(h, self.output.weight[self.output_ids])  # (B, T, K)
+            return self.output(h).masked_fill(~self.output_mask, float("-inf"))  # (B, T, V)
+        kept = self.output(h)  # a `prune_output` copy for decoding: the projection is the kept rows  # (B, T, K)
+        if restricted:
+            return kept
+        # Decoding picks ids, not positions among the kept ones: the K scores go to their ids in a row of -inf.
+        return kept.new_full((*kept.shape[:-1], v), float("-inf")).index_copy_(-1, self.output_ids, kept)  # (B, T, V)
+
+    def set_dropout(self, p: float) -> None:
+        """Set the embedding and sub-layer output dropout (cfg.dropout) to p, for a schedule over training."""
+        for module in (self.src_embed, self.tgt_embed, *self.encoder, *self.decoder):
+            module.dropout.p = p
 
     def num_parameters(self) -> int:
         """Trainable parameters, each shared tensor counted once."""
@@ -526,6 +539,20 @@ class Transformer(nn.Module):
             "decoder": out.self_attention,
             "cross": out.cross_attention,
         }
+
+
+@torch.no_grad()
+def prune_output(model: Transformer) -> Transformer:
+    """For decoding: a copy whose output projection holds only the kept rows (K, D); other models as they are."""
+    # Training needs the whole tied matrix (the embedding's gradient); decoding only the kept rows, and a
+    # smaller matmul at every step. A copy, so that the model it came from stays trainable and saveable.
+    if model.output_mask is None or bool(model.output_mask.all()):
+        return model
+    pruned = copy.deepcopy(model)
+    rows = pruned.output.weight[pruned.output_ids].clone()  # (K, D)
+    pruned.output = nn.Linear(rows.size(1), rows.size(0), bias=False, device=rows.device, dtype=rows.dtype)
+    pruned.output.weight = nn.Parameter(rows, requires_grad=False)  # untied: the embedding keeps all V rows
+    return pruned
 
 
 @torch.no_grad()

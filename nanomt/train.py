@@ -68,6 +68,17 @@ def lr_at(step: int, cfg: TrainConfig, d_model: int, elapsed: float = 0.0) -> fl
     return cfg.lr * math.sqrt(warmup / step)
 
 
+def dropout_at(step: int, cfg: Config, elapsed: float = 0.0) -> float:
+    """model.dropout, or during train.dropout_ramp of the budget the curriculum from train.dropout_start to it."""
+    tc, p = cfg.train, cfg.model.dropout
+    if tc.dropout_start is None:
+        return p
+    spent = step / tc.max_steps
+    if tc.max_minutes is not None:
+        spent = max(spent, elapsed / (tc.max_minutes * 60))
+    return tc.dropout_start + (p - tc.dropout_start) * min(spent / tc.dropout_ramp, 1.0)
+
+
 class LabelSmoothedLoss(torch.autograd.Function):
     """Summed label-smoothed cross-entropy whose gradient is computed with the loss, in cache-sized row blocks.
 
@@ -510,6 +521,8 @@ def train(cfg: Config, run_dir: str | Path) -> Path:
             lr = lr_at(step + 1, tc, cfg.model.d_model, elapsed)
             for g in optimizer.param_groups:
                 g["lr"] = lr
+            if tc.dropout_start is not None:
+                model.set_dropout(dropout_at(step + 1, cfg, elapsed))
             loss_sum = 0.0
             for i, b in enumerate(group):
                 sync = contextlib.nullcontext() if world == 1 or i == len(group) - 1 else ddp_model.no_sync()
@@ -556,6 +569,8 @@ def train(cfg: Config, run_dir: str | Path) -> Path:
                     "padding": padding,
                     "elapsed_s": round(elapsed + dt, 2),
                 }
+                if tc.dropout_start is not None:
+                    row["dropout"] = model.src_embed.dropout.p
                 metrics.write(row)
                 bar.set_postfix(loss=f"{row['loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{row['tokens_per_s']:.0f}")
                 if not show_bar and rank == 0:

@@ -16,7 +16,7 @@ from nanomt.config import Config
 from nanomt.data import make_batches
 from nanomt.decode import Hypothesis, beam_search, greedy, sample
 from nanomt.ensemble import Ensemble
-from nanomt.model import Transformer
+from nanomt.model import Transformer, prune_output
 from nanomt.quantize import quantize_int8
 from nanomt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
@@ -46,7 +46,11 @@ class Translator:
         device: str | torch.device = "cpu",
         int8: bool = False,
     ):
-        self.model = model.to(device).eval()
+        model = model.to(device).eval()
+        # Restricted models decode through a copy that projects onto the kept ids only (model.prune_output).
+        self.model = (
+            Ensemble([prune_output(m) for m in model.members]) if isinstance(model, Ensemble) else prune_output(model)
+        )
         if int8:  # int8 linear layers: faster CPU decoding (README, Speed; benchmarks/results/speed.md)
             self.model = quantize_int8(self.model)
         self.int8 = int8

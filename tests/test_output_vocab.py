@@ -1,5 +1,6 @@
 """model.restrict_output: the output layer scores only the target ids of the training data."""
 
+import dataclasses
 import math
 
 import pytest
@@ -11,9 +12,11 @@ from nanomt.checkpoint import WEIGHTS, average_checkpoints, load_checkpoint, rea
 from nanomt.config import ModelConfig, config_from_dict
 from nanomt.data import binarize, output_ids
 from nanomt.decode import beam_search, greedy
-from nanomt.model import Transformer
+from nanomt.ensemble import Ensemble
+from nanomt.model import Transformer, prune_output
 from nanomt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 from nanomt.train import TrainingError, label_smoothed_loss, train
+from nanomt.translate import Translator
 
 V = 50
 
@@ -93,6 +96,52 @@ def test_decoding_equals_the_full_model_with_dropped_ids_masked():
     assert all(t not in chosen for row in got for t in row)
     beams = [[h.tokens for h in hyps] for hyps in beam_search(restricted, src, 3, max_len=12, n_best=3)]
     assert beams == [[h.tokens for h in hyps] for hyps in beam_search(full, src, 3, max_len=12, n_best=3)]
+
+
+def test_pruned_copy_projects_onto_the_kept_rows_only_and_scores_as_the_model_does():
+    restricted, _ = tied_pair(seed=4)
+    restricted.set_output_vocab(KEPT)
+    before = {k: v.clone() for k, v in restricted.state_dict().items()}
+    pruned = prune_output(restricted)
+    k = len(restricted.output_ids)
+    assert pruned.output.weight.shape == (k, 32) and restricted.output.weight.shape == (V, 32)
+    assert restricted.output.weight is restricted.tgt_embed.tokens.weight  # the original stays tied, unchanged
+    assert all(torch.equal(before[n], t) for n, t in restricted.state_dict().items())
+    assert torch.equal(pruned.output.weight, restricted.tgt_embed.tokens.weight[restricted.output_ids])
+    src, tgt = random_src([5, 3], seed=5, vocab=V), random_src([4, 6], seed=6, vocab=V)
+    with torch.inference_mode():
+        ref, out = restricted(src, tgt), pruned(src, tgt)  # (B, T, V) both
+        assert torch.allclose(pruned(src, tgt, restricted=True), restricted(src, tgt, restricted=True), atol=1e-5)
+    assert torch.equal(torch.isneginf(out), torch.isneginf(ref)) and torch.isneginf(ref).any()
+    kept = restricted.output_ids
+    assert torch.allclose(out[..., kept], ref[..., kept], atol=1e-5)
+    unrestricted = Transformer(dataclasses.replace(restricted.cfg, restrict_output=False))
+    assert prune_output(unrestricted) is unrestricted
+
+
+def test_translator_decodes_restricted_models_through_the_pruned_projection(toy_corpus, tmp_path):
+    restricted, full = tied_pair(seed=3)
+    src = random_src([6, 4, 7], seed=2, vocab=V)
+    chosen = {t for row in greedy(full, src, max_len=12) for t in row}
+    restricted.set_output_vocab(torch.tensor([i for i in range(V) if i not in chosen]))
+    tok = None  # Translator's model and decoding do not need the tokenizer here
+    cfg = config_from_dict(tiny_config(toy_corpus))
+    float32 = Translator(restricted, tok, cfg).model
+    assert float32.output.out_features == len(restricted.output_ids) < V
+    assert restricted.output.out_features == V  # the model given is not changed
+    with torch.inference_mode():
+        assert greedy(float32, src, max_len=12) == greedy(restricted, src, max_len=12)
+        ref = [[h.tokens for h in hyps] for hyps in beam_search(restricted, src, 3, max_len=12, n_best=3)]
+        assert [[h.tokens for h in hyps] for hyps in beam_search(float32, src, 3, max_len=12, n_best=3)] == ref
+        int8 = Translator(restricted, tok, cfg, int8=True).model
+        assert int8.output.out_features == len(restricted.output_ids)  # quantized after pruning: K rows
+        tgt = random_src([4, 6], seed=1, vocab=V)
+        out, want = int8(src[:2], tgt), restricted(src[:2], tgt)
+        ensemble = Translator(Ensemble([restricted, full]), tok, cfg).model
+    assert torch.equal(torch.isneginf(out), torch.isneginf(want))
+    kept = restricted.output_ids
+    assert (out[..., kept] - want[..., kept]).norm() / want[..., kept].norm() < 0.06  # int8's error, as elsewhere
+    assert ensemble.members[0].output.out_features < V and ensemble.members[1] is full
 
 
 @pytest.fixture(scope="module")
