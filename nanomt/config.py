@@ -168,8 +168,14 @@ class TrainConfig:
     # of max_minutes if that runs out first): early steps learn faster, late ones are regularized. None: constant.
     dropout_start: float | None = None
     dropout_ramp: float = 0.5
+    # Bidirectional training (Ding et al., 2021, "BiT"): the first `bidirectional_epochs` epochs train on every
+    # pair in both directions (src->tgt and tgt->src, twice the sentences an epoch), the rest on src->tgt only.
+    # Needs data.shared_vocab, so that both sides' ids mean the same in the encoder and the decoder.
+    bidirectional_epochs: int = 0
 
     def __post_init__(self):
+        if self.bidirectional_epochs < 0:
+            raise ValueError(f"bidirectional_epochs must be >= 0, got {self.bidirectional_epochs}")
         if self.dropout_start is not None and not 0.0 <= self.dropout_start < 1.0:
             raise ValueError(f"dropout_start must be in [0, 1), got {self.dropout_start}")
         if not 0.0 < self.dropout_ramp <= 1.0:

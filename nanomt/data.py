@@ -237,6 +237,16 @@ def output_ids(corpus: Corpus) -> np.ndarray:
     return np.union1d(np.unique(corpus.tgt_tokens), [UNK_ID, EOS_ID]).astype(np.int64)
 
 
+def both_directions(corpus: Corpus) -> Corpus:
+    """Its pairs src->tgt, then the same pairs tgt->src (for one shared vocabulary): 2n pairs."""
+    n_src = len(corpus.src_tokens)  # pair n + i is pair i reversed: its source is tgt(i), its target src(i)
+    src_tokens = np.concatenate([corpus.src_tokens, corpus.tgt_tokens])
+    tgt_tokens = np.concatenate([corpus.tgt_tokens, corpus.src_tokens])
+    src_offsets = np.concatenate([corpus.src_offsets, corpus.tgt_offsets[1:] + n_src])
+    tgt_offsets = np.concatenate([corpus.tgt_offsets, corpus.src_offsets[1:] + len(corpus.tgt_tokens)])
+    return Corpus(src_tokens, src_offsets, tgt_tokens, tgt_offsets, corpus.stats)
+
+
 def _token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.int32)
 

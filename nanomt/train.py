@@ -27,6 +27,7 @@ from nanomt.data import (
     Batch,
     Corpus,
     binarize,
+    both_directions,
     check_split,
     collate,
     corpus_texts,
@@ -386,6 +387,17 @@ def train(cfg: Config, run_dir: str | Path) -> Path:
                 len(model.output_ids),
                 len(model.output_mask),
             )
+    if tc.bidirectional_epochs and not cfg.data.shared_vocab:
+        raise TrainingError(
+            "train.bidirectional_epochs needs data.shared_vocab: true (the reversed pairs feed target ids "
+            "to the encoder and source ids to the decoder)"
+        )
+    # With restrict_output, each epoch's output ids: a bidirectional epoch's targets are both sides' sentences.
+    vocab_of = {}
+    if cfg.model.restrict_output:
+        vocab_of[False] = model.output_ids.clone()
+        if tc.bidirectional_epochs:
+            vocab_of[True] = torch.from_numpy(output_ids(both_directions(corpus)))
     optimizer = torch.optim.AdamW(
         model.parameters(),
         lr=lr_at(1, tc, cfg.model.d_model),
@@ -438,10 +450,15 @@ def train(cfg: Config, run_dir: str | Path) -> Path:
     texts = corpus_texts(corpus, tokenizer) if cfg.data.bpe_dropout else None
 
     def epoch_data(e: int) -> tuple[Corpus, list, float]:
-        """Epoch e's corpus (a fresh BPE-dropout segmentation, when on), this rank's batches, padding."""
+        """Epoch e's corpus (a fresh BPE-dropout segmentation; both directions), this rank's batches, padding."""
         c = corpus
         if texts is not None:  # seeded by (seed, epoch): a resumed run re-draws the same segmentation
             c = resegment(corpus, texts, tokenizer, cfg.data.bpe_dropout, tc.seed * 100_003 + e, max_len)
+        bidir = e < tc.bidirectional_epochs
+        if bidir:
+            c = both_directions(c)
+        if vocab_of:  # set here, not only at the switch, so that a resumed run scores the epoch's ids
+            model.set_output_vocab(vocab_of[bidir])
         batches = shard(make_batches(c.src_lens, c.tgt_lens, tc.max_tokens, tc.seed, e), rank, world)
         return c, batches, padding_fraction(batches, c.src_lens, c.tgt_lens)
 
