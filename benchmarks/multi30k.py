@@ -283,6 +283,8 @@ def ablation(config: Path, data: Path, root: Path, steps: int) -> list[dict]:
         # The recipe's warmup, then inverse-sqrt decay: a short run keeps learning instead of ending at lr 0,
         # so the comparison shows how fast each variant learns, not how a shrunk schedule lands.
         "train.schedule=inverse_sqrt",
+        # The recipe's reversed-pairs epochs fill its first ~1,700 steps: a short run would be all of them.
+        "train.bidirectional_epochs=0",
         f"train.eval_every={steps}",
         f"train.save_every={steps}",
     ]
