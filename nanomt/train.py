@@ -392,6 +392,9 @@ def train(cfg: Config, run_dir: str | Path) -> Path:
             "train.bidirectional_epochs needs data.shared_vocab: true (the reversed pairs feed target ids "
             "to the encoder and source ids to the decoder)"
         )
+    if tc.bidirectional_epochs and cfg.model.restrict_output and tc.accum_steps > 1:
+        # A group of batches spanning the switch would score its reversed pairs with the narrowed output layer.
+        raise TrainingError("train.bidirectional_epochs with model.restrict_output needs train.accum_steps: 1")
     # With restrict_output, each epoch's output ids: a bidirectional epoch's targets are both sides' sentences.
     vocab_of = {}
     if cfg.model.restrict_output:

@@ -79,6 +79,8 @@ def test_a_run_resumed_in_its_bidirectional_epoch_ends_on_the_same_weights(bidir
     for step, step_dir in step_dirs(split):
         if step > 5:  # resume from step 5, inside the reversed-pairs epoch
             shutil.rmtree(step_dir)
+    wide = read_weights(dict(step_dirs(split))[5] / WEIGHTS)["output_mask"]
+    assert wide.sum() > read_weights(dict(step_dirs(bidir_run))[40] / WEIGHTS)["output_mask"].sum()  # epoch 0
     train(config_from_dict(bidir_config), split)
     a, b = (read_weights(dict(step_dirs(r))[40] / WEIGHTS) for r in (bidir_run, split))
     assert all(torch.equal(a[name], b[name]) for name in a)
@@ -87,5 +89,10 @@ def test_a_run_resumed_in_its_bidirectional_epoch_ends_on_the_same_weights(bidir
 def test_bidirectional_training_needs_a_shared_vocabulary(toy_corpus, tmp_path):
     with pytest.raises(TrainingError, match="bidirectional_epochs needs data.shared_vocab"):
         train(config_from_dict(tiny_config(toy_corpus, bidirectional_epochs=1)), tmp_path / "run")
+    raw = tiny_config(toy_corpus, bidirectional_epochs=1, accum_steps=2)
+    raw["data"]["shared_vocab"] = True
+    raw["model"].update(share_embeddings=True, restrict_output=True)
+    with pytest.raises(TrainingError, match="needs train.accum_steps: 1"):
+        train(config_from_dict(raw), tmp_path / "accum")
     with pytest.raises(ConfigError, match="bidirectional_epochs"):
         config_from_dict(tiny_config(toy_corpus, bidirectional_epochs=-1))
