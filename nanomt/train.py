@@ -238,6 +238,24 @@ def has_split(cfg: Config, name: str) -> bool:
     return cfg.data.hf is not None or getattr(cfg.data, name) != SplitConfig()
 
 
+def check_options(cfg: Config) -> None:
+    """TrainingError for options that do not combine, before the run directory or tokenizer is made."""
+    tc = cfg.train
+    if cfg.model.restrict_output and cfg.data.bpe_dropout:
+        raise TrainingError(
+            "model.restrict_output needs data.bpe_dropout: 0 (dropout segmentations use target ids that "
+            "the plain one never does)"
+        )
+    if tc.bidirectional_epochs and not cfg.data.shared_vocab:
+        raise TrainingError(
+            "train.bidirectional_epochs needs data.shared_vocab: true (the reversed pairs feed target ids "
+            "to the encoder and source ids to the decoder)"
+        )
+    if tc.bidirectional_epochs and cfg.model.restrict_output and tc.accum_steps > 1:
+        # A group of batches spanning the switch would score its reversed pairs with the narrowed output layer.
+        raise TrainingError("train.bidirectional_epochs with model.restrict_output needs train.accum_steps: 1")
+
+
 def prepare_run_dir(cfg: Config, run_dir: Path) -> tuple[Config, Tokenizer]:
     """Validate the corpus, train or load the tokenizer, fix vocabulary sizes in the config, save config.yaml."""
     if cfg.data.hf is None:
@@ -354,6 +372,7 @@ def train(cfg: Config, run_dir: str | Path) -> Path:
     """Train (or resume) a run in `run_dir`; returns the run directory."""
     run_dir = Path(run_dir)
     tc = cfg.train
+    check_options(cfg)
     rank, world = distributed_context()
     device = pick_device(tc.device)
     if world > 1 and device.type == "cuda":
@@ -375,11 +394,6 @@ def train(cfg: Config, run_dir: str | Path) -> Path:
     seed_everything(tc.seed)
     model = Transformer(cfg.model).to(device)
     if cfg.model.restrict_output:
-        if cfg.data.bpe_dropout:
-            raise TrainingError(
-                "model.restrict_output needs data.bpe_dropout: 0 (dropout segmentations use target ids that "
-                "the plain one never does)"
-            )
         model.set_output_vocab(torch.from_numpy(output_ids(corpus)))
         if rank == 0:
             log.info(
@@ -387,14 +401,6 @@ def train(cfg: Config, run_dir: str | Path) -> Path:
                 len(model.output_ids),
                 len(model.output_mask),
             )
-    if tc.bidirectional_epochs and not cfg.data.shared_vocab:
-        raise TrainingError(
-            "train.bidirectional_epochs needs data.shared_vocab: true (the reversed pairs feed target ids "
-            "to the encoder and source ids to the decoder)"
-        )
-    if tc.bidirectional_epochs and cfg.model.restrict_output and tc.accum_steps > 1:
-        # A group of batches spanning the switch would score its reversed pairs with the narrowed output layer.
-        raise TrainingError("train.bidirectional_epochs with model.restrict_output needs train.accum_steps: 1")
     # With restrict_output, each epoch's output ids: a bidirectional epoch's targets are both sides' sentences.
     vocab_of = {}
     if cfg.model.restrict_output:

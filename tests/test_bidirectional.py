@@ -9,7 +9,7 @@ from conftest import tiny_config
 
 from nanomt.checkpoint import WEIGHTS, read_weights, step_dirs
 from nanomt.config import ConfigError, config_from_dict, load_config
-from nanomt.data import Corpus, binarize, both_directions, make_batches, output_ids
+from nanomt.data import Corpus, _pack, binarize, both_directions, make_batches, output_ids
 from nanomt.plots import read_metrics
 from nanomt.tokenizer import PAD_ID, Tokenizer
 from nanomt.train import TrainingError, train
@@ -17,10 +17,7 @@ from nanomt.train import TrainingError, train
 
 def corpus_of(pairs: list[tuple[list[int], list[int]]]) -> Corpus:
     """A Corpus built by hand from (src ids, tgt ids) pairs."""
-    src = [np.array(s, np.uint16) for s, _ in pairs]
-    tgt = [np.array(t, np.uint16) for _, t in pairs]
-    offsets = [np.concatenate([[0], np.cumsum([len(x) for x in side])]).astype(np.int64) for side in (src, tgt)]
-    return Corpus(np.concatenate(src), offsets[0], np.concatenate(tgt), offsets[1], {})
+    return Corpus(*_pack([s for s, _ in pairs], np.uint16), *_pack([t for _, t in pairs], np.uint16), {})
 
 
 def test_both_directions_appends_every_pair_reversed():
@@ -89,6 +86,7 @@ def test_a_run_resumed_in_its_bidirectional_epoch_ends_on_the_same_weights(bidir
 def test_bidirectional_training_needs_a_shared_vocabulary(toy_corpus, tmp_path):
     with pytest.raises(TrainingError, match="bidirectional_epochs needs data.shared_vocab"):
         train(config_from_dict(tiny_config(toy_corpus, bidirectional_epochs=1)), tmp_path / "run")
+    assert not (tmp_path / "run").exists()  # refused before a run directory or tokenizer is made
     raw = tiny_config(toy_corpus, bidirectional_epochs=1, accum_steps=2)
     raw["data"]["shared_vocab"] = True
     raw["model"].update(share_embeddings=True, restrict_output=True)
