@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
+import random
 import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
@@ -183,3 +188,66 @@ def average_checkpoints(paths: list[str | Path], out: str | Path) -> Path:
     ref = read_weights(paths[0] / WEIGHTS)
     averaged = {name: (t / len(paths)).to(ref[name].dtype) for name, t in total.items()}
     return write_checkpoint_dir(out, cfg, tokenizer_dir, averaged)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Trainer state: what a resumed run needs beyond the weights. Written and read here only.
+# ---------------------------------------------------------------------------------------------------------
+
+
+def rng_state() -> dict:
+    """Python, NumPy and torch RNG states as plain tensors/ints (loadable with weights_only=True)."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": pos, "has_gauss": has_gauss, "gauss": gauss},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    """Restore what rng_state saved."""
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    n = state["numpy"]
+    np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+@dataclass
+class TrainState:
+    """The position of a run: steps, the epoch and batch within it, the clock, the best evaluation so far."""
+
+    step: int = 0
+    epoch: int = 0
+    batch_pos: int = 0  # batches of the epoch already trained on
+    elapsed: float = 0.0  # seconds of training and evaluation, across resumes
+    best_score: float = -math.inf  # validation BLEU, or minus the validation loss where there is no BLEU
+
+    def save(self, run_dir: Path, model: Transformer, optimizer: torch.optim.Optimizer, keep_last: int) -> Path:
+        """checkpoints/step_N: the weights, the optimizer, this state and the RNG states."""
+        saved = {**dataclasses.asdict(self), "optimizer": optimizer.state_dict(), "rng": rng_state()}
+        return save_training_checkpoint(run_dir, self.step, model, saved, keep_last)
+
+    @classmethod
+    def resume_or_new(
+        cls, run_dir: Path, model: Transformer, optimizer: torch.optim.Optimizer, rank: int = 0
+    ) -> tuple[TrainState, Path | None]:
+        """The newest checkpoint's state, loaded into model, optimizer and RNGs; a new state if there is none."""
+        found = step_dirs(run_dir)
+        if not found:
+            return cls(), None
+        step_dir = found[-1][1]
+        load_weights(model, step_dir / WEIGHTS)
+        saved = load_trainer_state(step_dir)
+        optimizer.load_state_dict(saved["optimizer"])
+        rng = saved["rng"]
+        set_rng_state(rng[rank] if isinstance(rng, list) else rng)
+        if "best_bleu" in saved:  # checkpoints written before best_score had its name
+            saved["best_score"] = saved["best_bleu"]
+        return cls(**{f.name: saved[f.name] for f in dataclasses.fields(cls)}), step_dir

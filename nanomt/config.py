@@ -13,6 +13,12 @@ import yaml
 
 ACTIVATIONS = ("relu", "gelu", "swish")
 POSITIONALS = ("sinusoidal", "learned")
+# Scores of a finished hypothesis (nanomt.decode): GNMT's ((5 + len) / 6)^alpha, len^alpha, or the sum alone.
+LENGTH_PENALTIES = ("gnmt", "average", "none")
+# Special token ids, the same in every vocabulary nanomt makes (the tokenizer reserves them).
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+# Keys of older nanomt versions, accepted at the value that made them do nothing (older run directories load).
+REMOVED_KEYS = {"train": {"dropout_start": None, "dropout_ramp": 0.5}}
 
 
 class ConfigError(ValueError):
@@ -163,11 +169,6 @@ class TrainConfig:
     valid_bleu_sentences: int | None = None
     tensorboard: bool = False
     progress: bool = True
-    # Curriculum dropout (Morerio et al., 2017): the embedding and sub-layer dropout (model.dropout) rises
-    # linearly from dropout_start to model.dropout over the first `dropout_ramp` of the budget (of max_steps, or
-    # of max_minutes if that runs out first): early steps learn faster, late ones are regularized. None: constant.
-    dropout_start: float | None = None
-    dropout_ramp: float = 0.5
     # Bidirectional training (Ding et al., 2021, "BiT"): the first `bidirectional_epochs` epochs train on every
     # pair in both directions (src->tgt and tgt->src, twice the sentences an epoch), the rest on src->tgt only.
     # Needs data.shared_vocab, so that both sides' ids mean the same in the encoder and the decoder.
@@ -176,10 +177,6 @@ class TrainConfig:
     def __post_init__(self):
         if self.bidirectional_epochs < 0:
             raise ValueError(f"bidirectional_epochs must be >= 0, got {self.bidirectional_epochs}")
-        if self.dropout_start is not None and not 0.0 <= self.dropout_start < 1.0:
-            raise ValueError(f"dropout_start must be in [0, 1), got {self.dropout_start}")
-        if not 0.0 < self.dropout_ramp <= 1.0:
-            raise ValueError(f"dropout_ramp must be in (0, 1], got {self.dropout_ramp}")
 
 
 @dataclass(frozen=True)
@@ -188,7 +185,7 @@ class DecodeConfig:
 
     beam_size: int = 5
     length_penalty: float = 1.0
-    length_penalty_kind: Literal["gnmt", "average", "none"] = "gnmt"
+    length_penalty_kind: Literal[LENGTH_PENALTIES] = "gnmt"
     max_len_a: float = 1.2
     max_len_b: int = 10
     min_len: int = 0
@@ -203,6 +200,22 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+    def __post_init__(self):
+        # Options of different sections that do not combine.
+        if self.model.restrict_output and self.data.bpe_dropout:
+            raise ValueError(
+                "model.restrict_output needs data.bpe_dropout: 0 (dropout segmentations use target ids that "
+                "the plain one never does)"
+            )
+        if self.train.bidirectional_epochs and not self.data.shared_vocab:
+            raise ValueError(
+                "train.bidirectional_epochs needs data.shared_vocab: true (the reversed pairs feed target ids "
+                "to the encoder and source ids to the decoder)"
+            )
+        if self.train.bidirectional_epochs and self.model.restrict_output and self.train.accum_steps > 1:
+            # A group of batches spanning the switch would score its reversed pairs with the narrowed output layer.
+            raise ValueError("train.bidirectional_epochs with model.restrict_output needs train.accum_steps: 1")
 
 
 def _is_dataclass_type(tp: Any) -> bool:
@@ -248,6 +261,11 @@ def _check_value(value: Any, tp: Any, where: str) -> Any:
     elif tp is float:
         if isinstance(value, int | float) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads 5e-4 (no dot) and 1_000.5 as strings
+            try:
+                return float(value.replace("_", ""))
+            except ValueError:
+                pass
     elif tp is str:
         if isinstance(value, str):
             return value
@@ -260,6 +278,12 @@ def _build(cls: type, values: dict, where: str) -> Any:
     """Build dataclass `cls` from a dict, rejecting unknown keys and wrong types."""
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
+    values = dict(values)
+    for key, inert in REMOVED_KEYS.get(where, {}).items():
+        if key in values and values[key] == inert:
+            del values[key]
+        elif key in values:
+            raise ConfigError(f"{where}.{key} was removed from nanomt (docs/experiments.md says why)")
     unknown = sorted(set(values) - names)
     if unknown:
         section = where or "top level"
@@ -269,8 +293,8 @@ def _build(cls: type, values: dict, where: str) -> Any:
         return cls(**kwargs)
     except TypeError as e:  # a required field is missing
         raise ConfigError(f"section '{where or 'top level'}': {e}") from None
-    except ValueError as e:
-        raise ConfigError(f"section '{where or 'top level'}': {e}") from None
+    except ValueError as e:  # a rule within a section, or (at the top level) between sections
+        raise ConfigError(f"section '{where}': {e}" if where else str(e)) from None
 
 
 def to_dict(cfg: Any) -> Any:
@@ -326,7 +350,12 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: invalid YAML: {e}") from None
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}, line {mark.line + 1}, column {mark.column + 1}" if mark else str(path)
+        problem = " ".join(str(getattr(e, "problem", None) or e).split())
+        raise ConfigError(f"{where}: invalid YAML: {problem}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     return config_from_dict(raw or {}, overrides)
 
 

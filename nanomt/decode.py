@@ -38,11 +38,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from nanomt.config import BOS_ID, EOS_ID, LENGTH_PENALTIES
 from nanomt.model import DecoderCache, Encoded, Transformer
-
-BOS_ID = 2
-EOS_ID = 3
-LENGTH_PENALTIES = ("gnmt", "average", "none")
 
 MaxLen = int | Callable[[int], int]
 

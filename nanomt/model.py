@@ -462,11 +462,6 @@ class Transformer(nn.Module):
         # Decoding picks ids, not positions among the kept ones: the K scores go to their ids in a row of -inf.
         return kept.new_full((*kept.shape[:-1], v), float("-inf")).index_copy_(-1, self.output_ids, kept)  # (B, T, V)
 
-    def set_dropout(self, p: float) -> None:
-        """Set the embedding and sub-layer output dropout (cfg.dropout) to p, for a schedule over training."""
-        for module in (self.src_embed, self.tgt_embed, *self.encoder, *self.decoder):
-            module.dropout.p = p
-
     def num_parameters(self) -> int:
         """Trainable parameters, each shared tensor counted once."""
         return sum(p.numel() for p in self.parameters())

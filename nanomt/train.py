@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
-import functools
 import json
 import logging
 import math
-import os
 import random
 import signal
 import sys
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +21,9 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from nanomt import checkpoint as ckpt
-from nanomt.config import Config, SplitConfig, TrainConfig, load_config, save_config, to_dict
+from nanomt import runtime
+from nanomt.checkpoint import TrainState
+from nanomt.config import PAD_ID, Config, SplitConfig, TrainConfig, load_config, save_config, to_dict
 from nanomt.data import (
     Batch,
     Corpus,
@@ -40,7 +41,8 @@ from nanomt.data import (
 )
 from nanomt.metrics import bleu
 from nanomt.model import Transformer
-from nanomt.tokenizer import PAD_ID, Tokenizer, train_tokenizer
+from nanomt.runtime import Runtime, autocast
+from nanomt.tokenizer import Tokenizer, train_tokenizer
 from nanomt.translate import Translator
 
 log = logging.getLogger("nanomt")
@@ -67,17 +69,6 @@ def lr_at(step: int, cfg: TrainConfig, d_model: int, elapsed: float = 0.0) -> fl
     if step < warmup:  # fairseq's inverse_sqrt: the same curve, with lr as its peak
         return cfg.lr * step / warmup
     return cfg.lr * math.sqrt(warmup / step)
-
-
-def dropout_at(step: int, cfg: Config, elapsed: float = 0.0) -> float:
-    """model.dropout, or during train.dropout_ramp of the budget the curriculum from train.dropout_start to it."""
-    tc, p = cfg.train, cfg.model.dropout
-    if tc.dropout_start is None:
-        return p
-    spent = step / tc.max_steps
-    if tc.max_minutes is not None:
-        spent = max(spent, elapsed / (tc.max_minutes * 60))
-    return tc.dropout_start + (p - tc.dropout_start) * min(spent / tc.dropout_ramp, 1.0)
 
 
 class LabelSmoothedLoss(torch.autograd.Function):
@@ -121,139 +112,14 @@ def label_smoothed_loss(logits: torch.Tensor, target: torch.Tensor, smoothing: f
     return LabelSmoothedLoss.apply(logits.reshape(-1, logits.size(-1)), target.reshape(-1), smoothing, pad_id)
 
 
-def pick_device(name: str) -> torch.device:
-    """`auto` is CUDA when present, else the CPU."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise TrainingError(f"train.device={name} but CUDA is not available")
-    return torch.device(name)
-
-
-M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # mallopt parameters (<malloc.h>)
-
-
-def user_allocator_settings() -> list[str]:
-    """The environment variables by which the user chose glibc malloc settings or another allocator."""
-    return [k for k in os.environ if k in ("GLIBC_TUNABLES", "LD_PRELOAD") or k.startswith("MALLOC_")]
-
-
-def keep_freed_memory() -> bool:
-    """Have glibc's malloc serve large blocks from its heap and keep what is freed; False where it did nothing."""
-    # By default glibc gives each block over its mmap threshold (at most 32 MB, so a step's (B*T, V) logits and
-    # their gradient) pages of its own and unmaps them on free: every step faulted ~50,000 fresh pages in again,
-    # 1.09-1.25x of the Multi30k fp32 step, 1.01-1.06x of the bf16 one (benchmarks/README.md). Allocator
-    # settings of the user's own win.
-    if sys.platform != "linux" or user_allocator_settings():
-        return False
-    try:
-        libc = ctypes.CDLL(None)
-    except OSError:
-        return False
-    if not hasattr(libc, "gnu_get_libc_version"):  # musl and others: their own malloc
-        return False
-    return libc.mallopt(M_MMAP_MAX, 0) == 1 and libc.mallopt(M_TRIM_THRESHOLD, 2**30) == 1
-
-
-@functools.cache
-def cpu_has_bf16_kernels() -> bool:
-    """Whether oneDNN has bf16 matmul kernels for this CPU (AVX-512 or AMX); else bf16 falls to a scalar loop."""
-    if not torch.backends.mkldnn.is_available():
-        return False
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):  # a PyTorch without this (private) query: fp32 is the safe choice
-        return False
-
-
-def resolve_precision(precision: str, device: torch.device) -> str:
-    """`auto` is bf16 where the device has bf16 matrix kernels, else fp32; other settings are kept as they are."""
-    if precision != "auto":
-        return precision
-    if device.type == "cuda":
-        # Not counting emulation: pre-Ampere GPUs (V100, T4) "support" bf16 at a fraction of their fp32 speed.
-        return "bf16" if torch.cuda.is_bf16_supported(including_emulation=False) else "fp32"
-    return "bf16" if device.type == "cpu" and cpu_has_bf16_kernels() else "fp32"
-
-
-def autocast(precision: str, device: torch.device):
-    """Mixed-precision context for the forward pass; the caller owns it, the model knows nothing of it."""
-    precision = resolve_precision(precision, device)
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    if precision == "fp16" and device.type != "cuda":
-        raise TrainingError("train.precision=fp16 needs CUDA; use bf16 on the CPU")
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return torch.autocast(device.type, dtype=dtype)
-
-
 # ---------------------------------------------------------------------------------------------------------
-# RNG and trainer state.
-# ---------------------------------------------------------------------------------------------------------
-
-
-def rng_state() -> dict:
-    """Python, NumPy and torch RNG states as plain tensors/ints (loadable with weights_only=True)."""
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
-    state = {
-        "python": random.getstate(),
-        "numpy": {
-            "keys": torch.from_numpy(keys.astype(np.int64)),
-            "pos": pos,
-            "has_gauss": has_gauss,
-            "gauss": gauss,
-        },
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    """Restore what rng_state saved."""
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    n = state["numpy"]
-    np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def seed_everything(seed: int) -> None:
-    """Seed every RNG a run touches."""
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Setup: run directory, tokenizer, binarized data, model.
+# Set-up: run directory, tokenizer, binarized data, model and optimizer.
 # ---------------------------------------------------------------------------------------------------------
 
 
 def has_split(cfg: Config, name: str) -> bool:
     """Whether the config names data for a split."""
     return cfg.data.hf is not None or getattr(cfg.data, name) != SplitConfig()
-
-
-def check_options(cfg: Config) -> None:
-    """TrainingError for options that do not combine, before the run directory or tokenizer is made."""
-    tc = cfg.train
-    if cfg.model.restrict_output and cfg.data.bpe_dropout:
-        raise TrainingError(
-            "model.restrict_output needs data.bpe_dropout: 0 (dropout segmentations use target ids that "
-            "the plain one never does)"
-        )
-    if tc.bidirectional_epochs and not cfg.data.shared_vocab:
-        raise TrainingError(
-            "train.bidirectional_epochs needs data.shared_vocab: true (the reversed pairs feed target ids "
-            "to the encoder and source ids to the decoder)"
-        )
-    if tc.bidirectional_epochs and cfg.model.restrict_output and tc.accum_steps > 1:
-        # A group of batches spanning the switch would score its reversed pairs with the narrowed output layer.
-        raise TrainingError("train.bidirectional_epochs with model.restrict_output needs train.accum_steps: 1")
 
 
 def prepare_run_dir(cfg: Config, run_dir: Path) -> tuple[Config, Tokenizer]:
@@ -312,13 +178,163 @@ def valid_set(cfg: Config, tokenizer: Tokenizer, cache: Path) -> tuple[Corpus, l
     return corpus, srcs, refs
 
 
+@dataclass(frozen=True)
+class TrainData:
+    """What training reads: the tokenizer, the binarized corpus, the validation set, and per-epoch inputs."""
+
+    tokenizer: Tokenizer
+    corpus: Corpus
+    valid: tuple[Corpus, list[str], list[str]] | None  # binarized, and the raw sources/references for BLEU
+    max_len: int
+    texts: tuple[list[str], list[str]] | None  # the raw pairs, re-segmented every epoch under BPE-dropout
+    output_vocab: dict[bool, torch.Tensor]  # restrict_output: the scored target ids, with / without reversed pairs
+
+
+def prepare_data(cfg: Config, run_dir: Path, rt: Runtime) -> tuple[Config, TrainData]:
+    """Tokenizer (trained by rank 0 once), config with the vocabulary sizes, binarized train and valid sets."""
+    if rt.is_main:
+        cfg, tokenizer = prepare_run_dir(cfg, run_dir)
+    if rt.world > 1:
+        dist.barrier()
+        if not rt.is_main:  # the others read what rank 0 prepared
+            cfg, tokenizer = load_config(run_dir / ckpt.CONFIG), Tokenizer.load(run_dir / ckpt.TOKENIZER)
+    cache = Path(cfg.data.cache_dir) if cfg.data.cache_dir else run_dir / "bin"
+    max_len = min(cfg.data.max_len, cfg.model.max_positions - 1)
+    corpus = binarize(cfg.data, "train", tokenizer, cache, max_len=max_len)
+    if len(corpus) == 0:
+        raise TrainingError("no training pairs left after filtering")
+    output_vocab = {}
+    if cfg.model.restrict_output:
+        output_vocab[False] = torch.from_numpy(output_ids(corpus))
+        if cfg.train.bidirectional_epochs:  # a reversed epoch's targets are both sides' sentences
+            output_vocab[True] = torch.from_numpy(output_ids(both_directions(corpus)))
+    return cfg, TrainData(
+        tokenizer=tokenizer,
+        corpus=corpus,
+        valid=valid_set(cfg, tokenizer, cache) if rt.is_main else None,
+        max_len=max_len,
+        texts=corpus_texts(corpus, tokenizer) if cfg.data.bpe_dropout else None,
+        output_vocab=output_vocab,
+    )
+
+
+def seed_everything(seed: int) -> None:
+    """Seed every RNG a run touches."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def build(cfg: Config, rt: Runtime) -> tuple[Transformer, torch.optim.Optimizer]:
+    """The model, initialized from train.seed, and its AdamW."""
+    seed_everything(cfg.train.seed)
+    model = Transformer(cfg.model).to(rt.device)
+    tc = cfg.train
+    optimizer = torch.optim.AdamW(
+        model.parameters(),
+        lr=lr_at(1, tc, cfg.model.d_model),
+        betas=tc.betas,
+        eps=tc.eps,
+        weight_decay=tc.weight_decay,
+        # One kernel over all parameters instead of ~10 passes per tensor: the default for-loop AdamW is ~10%
+        # of a BASE-sized fp32 step on a CPU (docs/performance.md). Same update and state; a run resumed from
+        # a checkpoint of an older nanomt keeps that checkpoint's (unfused) setting.
+        fused=rt.device.type in ("cpu", "cuda"),
+    )
+    return model, optimizer
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The phases of the loop: an epoch's batches, one step, evaluation.
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Epoch:
+    """One epoch's corpus (re-segmented, reversed pairs added), this rank's batches, their padding fraction."""
+
+    corpus: Corpus
+    batches: list
+    padding: float
+
+
+def epoch_batches(data: TrainData, epoch: int, model: Transformer, cfg: Config, rt: Runtime) -> Epoch:
+    """Epoch `epoch`'s batches; a function of (seed, epoch) alone, so that a resumed run draws the same ones."""
+    tc, c = cfg.train, data.corpus
+    if data.texts is not None:  # a fresh BPE-dropout segmentation, seeded by (seed, epoch)
+        c = resegment(c, data.texts, data.tokenizer, cfg.data.bpe_dropout, tc.seed * 100_003 + epoch, data.max_len)
+    bidirectional = epoch < tc.bidirectional_epochs
+    if bidirectional:
+        c = both_directions(c)
+    if data.output_vocab:  # set at every epoch start, not only at the switch, so that a resumed run scores them
+        model.set_output_vocab(data.output_vocab[bidirectional])
+    batches = shard(make_batches(c.src_lens, c.tgt_lens, tc.max_tokens, tc.seed, epoch), rt.rank, rt.world)
+    return Epoch(c, batches, padding_fraction(batches, c.src_lens, c.tgt_lens))
+
+
+def next_group(
+    data: TrainData, ep: Epoch, state: TrainState, model: Transformer, cfg: Config, rt: Runtime
+) -> tuple[list[Batch], Epoch]:
+    """The next accum_steps batches on the device, moving on to a newly drawn epoch where one ends."""
+    group: list[Batch] = []
+    while len(group) < cfg.train.accum_steps:
+        if state.batch_pos >= len(ep.batches):
+            state.epoch, state.batch_pos = state.epoch + 1, 0
+            ep = epoch_batches(data, state.epoch, model, cfg, rt)
+        group.append(collate(ep.corpus, ep.batches[state.batch_pos]).to(rt.device))
+        state.batch_pos += 1
+    return group, ep
+
+
+def all_ranks_mean(value: float, rt: Runtime) -> float:
+    """The mean of a number over the ranks (the number itself in one process)."""
+    if rt.world == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=rt.device)
+    dist.all_reduce(t)
+    return t.item() / rt.world
+
+
+def backward(model: Transformer, ddp_model, group: list[Batch], scaler, cfg: Config, rt: Runtime) -> float:
+    """Gradients of the group's summed loss over its target tokens (all ranks' tokens); returns that loss."""
+    # Normalized by the global token count, so that DDP's average of the ranks' gradients is exact.
+    n_tokens = all_ranks_mean(sum(b.n_tgt_tokens for b in group), rt)
+    loss_sum = 0.0
+    for i, b in enumerate(group):
+        last = i == len(group) - 1
+        with contextlib.nullcontext() if rt.world == 1 or last else ddp_model.no_sync():
+            with autocast(rt.precision, rt.device):
+                logits = ddp_model(b.src, b.tgt_in, restricted=True)
+            target = model.output_targets(b.tgt_out)
+            loss = label_smoothed_loss(logits, target, cfg.train.label_smoothing, PAD_ID) / n_tokens
+            (scaler.scale(loss) if scaler else loss).backward()
+        loss_sum += loss.item()
+    return all_ranks_mean(loss_sum, rt)  # every rank logs, and stops on, the loss of the whole global batch
+
+
+def update(model: Transformer, optimizer: torch.optim.Optimizer, scaler, lr: float, clip_norm: float) -> float:
+    """Clip the gradients, step the optimizer at `lr`, zero the gradients; returns the norm before clipping."""
+    for g in optimizer.param_groups:
+        g["lr"] = lr
+    if scaler:
+        scaler.unscale_(optimizer)
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm or float("inf")).item()
+    if scaler:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm
+
+
 @torch.no_grad()
-def evaluate_loss(model, corpus: Corpus, cfg: Config, device: torch.device) -> float:
+def evaluate_loss(model: Transformer, corpus: Corpus, cfg: Config, rt: Runtime) -> float:
     """Label-smoothed loss per target token on a corpus."""
     total, tokens = 0.0, 0
     for idx in make_batches(corpus.src_lens, corpus.tgt_lens, cfg.train.max_tokens, 0, 0, shuffle=False):
-        batch = collate(corpus, idx).to(device)
-        with autocast(cfg.train.precision, device):
+        batch = collate(corpus, idx).to(rt.device)
+        with autocast(rt.precision, rt.device):
             logits = model(batch.src, batch.tgt_in, restricted=True)
         target = model.output_targets(batch.tgt_out)  # with restrict_output, ids it never scores are skipped
         total += label_smoothed_loss(logits, target, cfg.train.label_smoothing, PAD_ID).item()
@@ -326,9 +342,28 @@ def evaluate_loss(model, corpus: Corpus, cfg: Config, device: torch.device) -> f
     return total / max(tokens, 1)
 
 
-# ---------------------------------------------------------------------------------------------------------
-# The loop.
-# ---------------------------------------------------------------------------------------------------------
+def evaluate(model: Transformer, data: TrainData, cfg: Config, rt: Runtime) -> dict:
+    """Validation loss per target token, and greedy BLEU on the first valid_bleu_sentences pairs."""
+    corpus, srcs, refs = data.valid
+    model.eval()
+    row = {"valid_loss": evaluate_loss(model, corpus, cfg, rt)}
+    if srcs:
+        translator = Translator(model, data.tokenizer, cfg, rt.device)
+        with autocast(rt.precision, rt.device):
+            hyps = translator.translate(srcs, beam_size=1, max_tokens=cfg.train.max_tokens)
+        row["valid_bleu"] = bleu(hyps, refs)
+    model.train()
+    return row
+
+
+def keep_best(model: Transformer, row: dict, state: TrainState, run_dir: Path) -> None:
+    """model.safetensors holds the weights of the best evaluation so far: by BLEU, or by loss where there is none."""
+    score = row.get("valid_bleu", -row["valid_loss"])
+    better = score > state.best_score
+    if better:
+        state.best_score = score
+    if better or not (run_dir / ckpt.WEIGHTS).is_file():
+        ckpt.save_weights(model, run_dir / ckpt.WEIGHTS)
 
 
 class MetricsLog:
@@ -360,309 +395,167 @@ class MetricsLog:
                     self.writer.add_scalar(k, v, row["step"])
 
 
-def distributed_context() -> tuple[int, int]:
-    """(rank, world size) under torchrun, starting the process group once."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    return (dist.get_rank(), world) if world > 1 else (0, 1)
+# ---------------------------------------------------------------------------------------------------------
+# The loop.
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Window:
+    """Sums over the steps since the last log row."""
+
+    loss: float = 0.0
+    tokens: int = 0
+    seconds: float = 0.0
+    steps: int = 0
+
+    def add(self, loss: float, tokens: int, seconds: float) -> None:
+        self.loss, self.tokens, self.seconds, self.steps = (
+            self.loss + loss,
+            self.tokens + tokens,
+            self.seconds + seconds,
+            self.steps + 1,
+        )
+
+
+@contextlib.contextmanager
+def sigint_requests_stop(enabled: bool):
+    """Within the block, Ctrl-C sets the event instead of raising, so the loop can stop after a whole step."""
+    stop = threading.Event()
+    if not (enabled and runtime.is_main_thread()):
+        yield stop
+        return
+    old = signal.signal(signal.SIGINT, lambda *_: stop.set())
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGINT, old)
 
 
 def train(cfg: Config, run_dir: str | Path) -> Path:
     """Train (or resume) a run in `run_dir`; returns the run directory."""
-    run_dir = Path(run_dir)
-    tc = cfg.train
-    check_options(cfg)
-    rank, world = distributed_context()
-    device = pick_device(tc.device)
-    if world > 1 and device.type == "cuda":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    torch.set_num_threads(tc.num_threads or max(1, (os.cpu_count() or 1) // world))
-    if rank == 0:
-        cfg, tokenizer = prepare_run_dir(cfg, run_dir)
-    if world > 1:
-        dist.barrier()
-        if rank != 0:
-            cfg, tokenizer = prepare_run_dir_follower(cfg, run_dir)
-    cache = Path(cfg.data.cache_dir) if cfg.data.cache_dir else run_dir / "bin"
-    max_len = min(cfg.data.max_len, cfg.model.max_positions - 1)
-    corpus = binarize(cfg.data, "train", tokenizer, cache, max_len=max_len)
-    valid = valid_set(cfg, tokenizer, cache) if rank == 0 else None
-    if len(corpus) == 0:
-        raise TrainingError("no training pairs left after filtering")
-
-    seed_everything(tc.seed)
-    model = Transformer(cfg.model).to(device)
-    if cfg.model.restrict_output:
-        model.set_output_vocab(torch.from_numpy(output_ids(corpus)))
-        if rank == 0:
-            log.info(
-                "output layer: %d of %d target ids (the training targets')",
-                len(model.output_ids),
-                len(model.output_mask),
-            )
-    # With restrict_output, each epoch's output ids: a bidirectional epoch's targets are both sides' sentences.
-    vocab_of = {}
-    if cfg.model.restrict_output:
-        vocab_of[False] = model.output_ids.clone()
-        if tc.bidirectional_epochs:
-            vocab_of[True] = torch.from_numpy(output_ids(both_directions(corpus)))
-    optimizer = torch.optim.AdamW(
-        model.parameters(),
-        lr=lr_at(1, tc, cfg.model.d_model),
-        betas=tc.betas,
-        eps=tc.eps,
-        weight_decay=tc.weight_decay,
-        # One kernel over all parameters instead of ~10 passes per tensor: the default for-loop AdamW is ~10%
-        # of a BASE-sized fp32 step on a CPU (benchmarks/README.md). Same update and state; a run resumed from
-        # a checkpoint of an older nanomt keeps that checkpoint's (unfused) setting.
-        fused=device.type in ("cpu", "cuda"),
-    )
-    step, epoch, batch_pos, elapsed, best_bleu = 0, 0, 0, 0.0, -1.0
-    last = ckpt.step_dirs(run_dir)
-    if last:
-        step_dir = last[-1][1]
-        ckpt.load_weights(model, step_dir / ckpt.WEIGHTS)
-        state = ckpt.load_trainer_state(step_dir)
-        optimizer.load_state_dict(state["optimizer"])
-        step, epoch, batch_pos = state["step"], state["epoch"], state["batch_pos"]
-        elapsed, best_bleu = state["elapsed"], state["best_bleu"]
-        set_rng_state(state["rng"][rank] if isinstance(state["rng"], list) else state["rng"])
-        if rank == 0:
-            log.info("resuming from %s (step %d, epoch %d)", step_dir, step, epoch)
+    run_dir, tc = Path(run_dir), cfg.train
+    rt = runtime.setup(tc.device, tc.precision, tc.num_threads)
+    cfg, data = prepare_data(cfg, run_dir, rt)
+    model, optimizer = build(cfg, rt)
+    state, resumed_from = TrainState.resume_or_new(run_dir, model, optimizer, rt.rank)
     ddp_model = model
-    if world > 1:
-        ddp_model = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None
-        )
-    precision = resolve_precision(tc.precision, device)
-    scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
-    if rank == 0 and precision == "bf16" and device.type == "cpu" and not cpu_has_bf16_kernels():
-        # An AVX2-only CPU: PyTorch's fallback bf16 matmul is a scalar loop (0.9 against 51 GFLOP/s in fp32).
-        log.warning(
-            "train.precision=bf16 on a CPU without bf16 matrix kernels (no AVX-512/AMX): ~60x slower "
-            "than fp32; use train.precision=auto or fp32"
-        )
-
-    if rank == 0:
+    if rt.world > 1:
+        device_ids = [rt.device.index] if rt.device.type == "cuda" else None
+        ddp_model = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+    scaler = torch.amp.GradScaler("cuda") if rt.precision == "fp16" else None
+    metrics = MetricsLog(run_dir / "metrics.jsonl", rt.is_main, state.step, tc.tensorboard)
+    if rt.is_main:
+        if resumed_from:
+            log.info("resuming from %s (step %d, epoch %d)", resumed_from, state.step, state.epoch)
         log.info(
             "model: %s parameters; %d training pairs (%s); device %s, %d threads, %s",
             f"{model.num_parameters():,}",
-            len(corpus),
-            corpus.stats,
-            device,
+            len(data.corpus),
+            data.corpus.stats,
+            rt.device,
             torch.get_num_threads(),
-            precision if precision == tc.precision else f"{tc.precision} ({precision})",
-        )
-    metrics = MetricsLog(run_dir / "metrics.jsonl", rank == 0, step, tc.tensorboard)
-
-    texts = corpus_texts(corpus, tokenizer) if cfg.data.bpe_dropout else None
-
-    def epoch_data(e: int) -> tuple[Corpus, list, float]:
-        """Epoch e's corpus (a fresh BPE-dropout segmentation; both directions), this rank's batches, padding."""
-        c = corpus
-        if texts is not None:  # seeded by (seed, epoch): a resumed run re-draws the same segmentation
-            c = resegment(corpus, texts, tokenizer, cfg.data.bpe_dropout, tc.seed * 100_003 + e, max_len)
-        bidir = e < tc.bidirectional_epochs
-        if bidir:
-            c = both_directions(c)
-        if vocab_of:  # set here, not only at the switch, so that a resumed run scores the epoch's ids
-            model.set_output_vocab(vocab_of[bidir])
-        batches = shard(make_batches(c.src_lens, c.tgt_lens, tc.max_tokens, tc.seed, e), rank, world)
-        return c, batches, padding_fraction(batches, c.src_lens, c.tgt_lens)
-
-    def save(reason: str) -> None:
-        if rank != 0:
-            return
-        state = {
-            "optimizer": optimizer.state_dict(),
-            "step": step,
-            "epoch": epoch,
-            "batch_pos": batch_pos,
-            "elapsed": elapsed,
-            "best_bleu": best_bleu,
-            "rng": rng_state(),
-        }
-        path = ckpt.save_training_checkpoint(run_dir, step, model, state, tc.keep_last)
-        log.debug("saved %s (%s)", path, reason)
-
-    def run_eval() -> None:
-        nonlocal best_bleu
-        if valid is None:
-            return
-        model.eval()
-        vcorpus, srcs, refs = valid
-        row = {"step": step, "epoch": epoch, "valid_loss": evaluate_loss(model, vcorpus, cfg, device)}
-        if srcs:
-            translator = Translator(model, tokenizer, cfg, device)
-            with autocast(precision, device):
-                hyps = translator.translate(srcs, beam_size=1, max_tokens=tc.max_tokens)
-            row["valid_bleu"] = bleu(hyps, refs)
-        row["elapsed_s"] = round(elapsed, 2)
-        model.train()
-        metrics.write(row)
-        score = row.get("valid_bleu", -row["valid_loss"])
-        if score > best_bleu or not (run_dir / ckpt.WEIGHTS).is_file():
-            best_bleu = max(score, best_bleu)
-            ckpt.save_weights(model, run_dir / ckpt.WEIGHTS)
-        log.info(
-            "step %d: valid loss %.3f%s",
-            step,
-            row["valid_loss"],
-            f", valid BLEU {row['valid_bleu']:.2f}" if "valid_bleu" in row else "",
+            rt.precision if rt.precision == tc.precision else f"{tc.precision} ({rt.precision})",
         )
 
-    stop_requested = []
-    old_handler = signal.getsignal(signal.SIGINT)
-    if rank == 0 and threading_main():
-        signal.signal(signal.SIGINT, lambda *_: stop_requested.append(True))
+    def save() -> None:
+        if rt.is_main:
+            state.save(run_dir, model, optimizer, tc.keep_last)
 
-    start_step = step
-    epoch_corpus, batches, padding = epoch_data(epoch)
-    if rank == 0:
-        log.info("padding fraction %.3f", padding)
+    def evaluate_and_log() -> None:
+        row = {"step": state.step, "epoch": state.epoch, **evaluate(model, data, cfg, rt)}
+        metrics.write({**row, "elapsed_s": round(state.elapsed, 2)})
+        keep_best(model, row, state, run_dir)
+        bleu_text = f", valid BLEU {row['valid_bleu']:.2f}" if "valid_bleu" in row else ""
+        log.info("step %d: valid loss %.3f%s", state.step, row["valid_loss"], bleu_text)
+
+    start_step = state.step
+    ep = epoch_batches(data, state.epoch, model, cfg, rt)
+    if rt.is_main:
+        log.info("padding fraction %.3f", ep.padding)
     # After the set-up (tokenizer, binarizing), whose freed memory the heap would otherwise keep for the whole run.
-    if device.type == "cpu" and keep_freed_memory():
+    if rt.device.type == "cpu" and runtime.keep_freed_memory():
         log.debug("malloc: no mmap for large blocks, no heap trimming, for the rest of this process")
-    show_bar = rank == 0 and tc.progress and sys.stderr.isatty()
-    bar = tqdm(total=tc.max_steps, initial=step, disable=not show_bar, dynamic_ncols=True, unit="step")
+    show_bar = rt.is_main and tc.progress and sys.stderr.isatty()
+    bar = tqdm(total=tc.max_steps, initial=state.step, disable=not show_bar, dynamic_ncols=True, unit="step")
+    window = Window()
     model.train()
-    window = {"loss": 0.0, "tokens": 0, "time": 0.0, "steps": 0}
-    interrupted = False
-    try:
-        while not done(step, epoch, elapsed, tc):
+    with sigint_requests_stop(rt.is_main) as stop, contextlib.closing(bar):
+        while not done(state, tc):
             t0 = time.perf_counter()
-            group: list[Batch] = []
-            while len(group) < tc.accum_steps:
-                if batch_pos >= len(batches):
-                    epoch, batch_pos = epoch + 1, 0
-                    epoch_corpus, batches, padding = epoch_data(epoch)
-                group.append(collate(epoch_corpus, batches[batch_pos]).to(device))
-                batch_pos += 1
-            n_tokens = sum(b.n_tgt_tokens for b in group)
-            if world > 1:  # normalize by the global token count so that DDP's gradient average is exact
-                t = torch.tensor([n_tokens], dtype=torch.float64, device=device)
-                dist.all_reduce(t)
-                n_tokens = t.item() / world
-            lr = lr_at(step + 1, tc, cfg.model.d_model, elapsed)
-            for g in optimizer.param_groups:
-                g["lr"] = lr
-            if tc.dropout_start is not None:
-                model.set_dropout(dropout_at(step + 1, cfg, elapsed))
-            loss_sum = 0.0
-            for i, b in enumerate(group):
-                sync = contextlib.nullcontext() if world == 1 or i == len(group) - 1 else ddp_model.no_sync()
-                with sync:
-                    with autocast(precision, device):
-                        logits = ddp_model(b.src, b.tgt_in, restricted=True)
-                    target = model.output_targets(b.tgt_out)
-                    loss = label_smoothed_loss(logits, target, tc.label_smoothing, PAD_ID) / n_tokens
-                    (scaler.scale(loss) if scaler else loss).backward()
-                loss_sum += loss.item()
-            if world > 1:  # every rank logs, and stops on, the loss of the whole global batch
-                t = torch.tensor([loss_sum], dtype=torch.float64, device=device)
-                dist.all_reduce(t)
-                loss_sum = t.item() / world
-            if not math.isfinite(loss_sum):
+            group, ep = next_group(data, ep, state, model, cfg, rt)
+            loss = backward(model, ddp_model, group, scaler, cfg, rt)
+            if not math.isfinite(loss):
                 good = ckpt.step_dirs(run_dir)
                 raise TrainingError(
-                    f"loss is {loss_sum} at step {step + 1}; stopping. The last good checkpoint is "
+                    f"loss is {loss} at step {state.step + 1}; stopping. The last good checkpoint is "
                     f"{good[-1][1] if good else 'none'}; try a lower train.lr or train.precision=fp32"
                 )
-            if scaler:
-                scaler.unscale_(optimizer)
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tc.clip_norm or float("inf")).item()
-            if scaler:
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            dt = time.perf_counter() - t0
-            window["loss"] += loss_sum
-            window["tokens"] += sum(b.n_tgt_tokens for b in group)
-            window["time"] += dt
-            window["steps"] += 1
-            if step % tc.log_every == 0 or step == tc.max_steps:
+            lr = lr_at(state.step + 1, tc, cfg.model.d_model, state.elapsed)
+            grad_norm = update(model, optimizer, scaler, lr, tc.clip_norm)
+            state.step += 1
+            window.add(loss, sum(b.n_tgt_tokens for b in group), time.perf_counter() - t0)
+            if state.step % tc.log_every == 0 or state.step == tc.max_steps:
                 row = {
-                    "step": step,
-                    "epoch": epoch,
-                    "loss": window["loss"] / window["steps"],
+                    "step": state.step,
+                    "epoch": state.epoch,
+                    "loss": window.loss / window.steps,
                     "lr": lr,
-                    "tokens_per_s": window["tokens"] * world / max(window["time"], 1e-9),
+                    "tokens_per_s": window.tokens * rt.world / max(window.seconds, 1e-9),
                     "grad_norm": grad_norm,
-                    "padding": padding,
-                    "elapsed_s": round(elapsed + dt, 2),
+                    "padding": ep.padding,
+                    "elapsed_s": round(state.elapsed + time.perf_counter() - t0, 2),
                 }
-                if tc.dropout_start is not None:
-                    row["dropout"] = model.src_embed.dropout.p
                 metrics.write(row)
                 bar.set_postfix(loss=f"{row['loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{row['tokens_per_s']:.0f}")
-                if not show_bar and rank == 0:
-                    log.info(
-                        "step %d: loss %.3f, lr %.2e, %.0f tokens/s",
-                        step,
-                        row["loss"],
-                        lr,
-                        row["tokens_per_s"],
-                    )
-                window = {"loss": 0.0, "tokens": 0, "time": 0.0, "steps": 0}
+                if not show_bar and rt.is_main:
+                    log.info("step %d: loss %.3f, lr %.2e, %.0f tokens/s", *(row[k] for k in LOGGED))
+                window = Window()
             bar.update(1)
-            if rank == 0 and step % tc.eval_every == 0:
-                run_eval()
-            elapsed += time.perf_counter() - t0  # the wall-clock budget counts evaluation too
-            if world > 1 and tc.max_minutes is not None:  # rank 0's clock for all: one lr, one last step
-                t = torch.tensor([elapsed], dtype=torch.float64, device=device)
-                dist.broadcast(t, 0)
-                elapsed = t.item()
-            if step % tc.save_every == 0:
-                save("periodic")
-            if stop_requested:
-                interrupted = True
-                break
-    finally:
-        bar.close()
-        if rank == 0 and threading_main():
-            signal.signal(signal.SIGINT, old_handler)
-    if interrupted:
-        save("interrupted")
-        log.warning("interrupted at step %d; checkpoint saved. Run the same command to resume.", step)
-        raise KeyboardInterrupt
+            if rt.is_main and data.valid is not None and state.step % tc.eval_every == 0:
+                evaluate_and_log()
+            state.elapsed += time.perf_counter() - t0  # the wall-clock budget counts evaluation too
+            if tc.max_minutes is not None:  # rank 0's clock for all: one lr, one last step
+                state.elapsed = rank0_value(state.elapsed, rt)
+            if state.step % tc.save_every == 0:
+                save()
+            if stop.is_set():
+                save()
+                log.warning("interrupted at step %d; checkpoint saved. Run the same command to resume.", state.step)
+                raise KeyboardInterrupt
     # A finished run that is started again resumes, finds nothing to do and returns: no second final eval.
     has_weights = (run_dir / ckpt.WEIGHTS).is_file()
-    if rank == 0 and (step > start_step or not has_weights):
-        if step % tc.eval_every != 0 or not has_weights:
-            if valid is not None:
-                run_eval()
-            else:
-                ckpt.save_weights(model, run_dir / ckpt.WEIGHTS)
-        if step % tc.save_every != 0:
-            save("final")
-    if world > 1:
+    if rt.is_main and (state.step > start_step or not has_weights):
+        if data.valid is None:  # nothing to choose by: the last weights
+            ckpt.save_weights(model, run_dir / ckpt.WEIGHTS)
+        elif state.step % tc.eval_every != 0 or not has_weights:
+            evaluate_and_log()
+        if state.step % tc.save_every != 0:
+            save()
+    if rt.world > 1:
         dist.barrier()
     return run_dir
 
 
-def done(step: int, epoch: int, elapsed: float, tc: TrainConfig) -> bool:
+LOGGED = ("step", "loss", "lr", "tokens_per_s")
+
+
+def rank0_value(value: float, rt: Runtime) -> float:
+    """Rank 0's value of a number on every rank."""
+    if rt.world == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=rt.device)
+    dist.broadcast(t, 0)
+    return t.item()
+
+
+def done(state: TrainState, tc: TrainConfig) -> bool:
     """Whether a stopping criterion (steps, epochs, wall-clock minutes) is met."""
-    if step >= tc.max_steps:
+    if state.step >= tc.max_steps:
         return True
-    if tc.max_epochs is not None and epoch >= tc.max_epochs:
+    if tc.max_epochs is not None and state.epoch >= tc.max_epochs:
         return True
-    return tc.max_minutes is not None and elapsed >= tc.max_minutes * 60
-
-
-def threading_main() -> bool:
-    """Signal handlers can only be installed from the main thread."""
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
-
-
-def prepare_run_dir_follower(cfg: Config, run_dir: Path) -> tuple[Config, Tokenizer]:
-    """Non-zero DDP ranks read what rank 0 prepared."""
-    return load_config(run_dir / ckpt.CONFIG), Tokenizer.load(run_dir / ckpt.TOKENIZER)
+    return tc.max_minutes is not None and state.elapsed >= tc.max_minutes * 60
 
 
 def train_from_file(config_path: str | Path, run_dir: str | Path | None, overrides: list[str]) -> Path:

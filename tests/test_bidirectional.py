@@ -12,7 +12,7 @@ from nanomt.config import ConfigError, config_from_dict, load_config
 from nanomt.data import Corpus, _pack, binarize, both_directions, make_batches, output_ids
 from nanomt.plots import read_metrics
 from nanomt.tokenizer import PAD_ID, Tokenizer
-from nanomt.train import TrainingError, train
+from nanomt.train import train
 
 
 def corpus_of(pairs: list[tuple[list[int], list[int]]]) -> Corpus:
@@ -83,14 +83,6 @@ def test_a_run_resumed_in_its_bidirectional_epoch_ends_on_the_same_weights(bidir
     assert all(torch.equal(a[name], b[name]) for name in a)
 
 
-def test_bidirectional_training_needs_a_shared_vocabulary(toy_corpus, tmp_path):
-    with pytest.raises(TrainingError, match="bidirectional_epochs needs data.shared_vocab"):
-        train(config_from_dict(tiny_config(toy_corpus, bidirectional_epochs=1)), tmp_path / "run")
-    assert not (tmp_path / "run").exists()  # refused before a run directory or tokenizer is made
-    raw = tiny_config(toy_corpus, bidirectional_epochs=1, accum_steps=2)
-    raw["data"]["shared_vocab"] = True
-    raw["model"].update(share_embeddings=True, restrict_output=True)
-    with pytest.raises(TrainingError, match="needs train.accum_steps: 1"):
-        train(config_from_dict(raw), tmp_path / "accum")
+def test_negative_bidirectional_epochs_is_a_config_error(toy_corpus):
     with pytest.raises(ConfigError, match="bidirectional_epochs"):
         config_from_dict(tiny_config(toy_corpus, bidirectional_epochs=-1))

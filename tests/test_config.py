@@ -1,6 +1,7 @@
 """Config loading: YAML round trip, overrides with type checking, unknown keys named with their section."""
 
 import pytest
+import yaml
 
 from nanomt.config import Config, ConfigError, ModelConfig, config_from_dict, load_config, save_config
 
@@ -116,3 +117,54 @@ def test_shipped_configs_load():
     assert files, "no configs shipped"
     for f in files:
         load_config(f)
+
+
+@pytest.mark.parametrize(
+    "raw, words",
+    [
+        (
+            {"data": {"bpe_dropout": 0.1, "shared_vocab": True}, "model": {"restrict_output": True}},
+            ["restrict_output needs data.bpe_dropout"],
+        ),
+        ({"data": {"shared_vocab": False}, "train": {"bidirectional_epochs": 1}}, ["needs data.shared_vocab"]),
+        (
+            {"model": {"restrict_output": True}, "train": {"bidirectional_epochs": 1, "accum_steps": 2}},
+            ["needs train.accum_steps: 1"],
+        ),
+    ],
+)
+def test_options_that_do_not_combine_are_rejected_when_the_config_loads(tmp_path, raw, words):
+    raw["model"] = {"d_model": 32, "n_heads": 2, **raw.get("model", {})}
+    with pytest.raises(ConfigError) as e:
+        config_from_dict(raw)
+    assert all(w in str(e.value) for w in words) and "\n" not in str(e.value)
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match=words[0]):
+        load_config(path)
+
+
+def test_numbers_as_people_write_them(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("train:\n  lr: 5e-4\n  eps: 1E-9\n  max_minutes: 1_000.5\n")
+    cfg = load_config(path, ["train.label_smoothing=2e-1"])
+    assert (cfg.train.lr, cfg.train.eps, cfg.train.max_minutes) == (5e-4, 1e-9, 1000.5)
+    assert cfg.train.label_smoothing == 0.2
+    with pytest.raises(ConfigError, match="train.lr"):
+        config_from_dict({}, ["train.lr=fast"])
+
+
+def test_invalid_yaml_names_the_file_and_line(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("model:\n  d_model: 64\n  n_heads: [4\ntrain:\n  lr: 1\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    message = str(e.value)
+    assert str(path) in message and "line " in message and "invalid YAML" in message and "\n" not in message
+
+
+def test_keys_of_removed_options_load_only_where_they_did_nothing():
+    cfg = config_from_dict({"train": {"dropout_start": None, "dropout_ramp": 0.5}})  # an older run's config.yaml
+    assert cfg.train == config_from_dict({}).train
+    with pytest.raises(ConfigError, match="train.dropout_start was removed"):
+        config_from_dict({"train": {"dropout_start": 0.1}})

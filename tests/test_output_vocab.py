@@ -15,7 +15,7 @@ from nanomt.decode import beam_search, greedy
 from nanomt.ensemble import Ensemble
 from nanomt.model import Transformer, prune_output
 from nanomt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
-from nanomt.train import TrainingError, label_smoothed_loss, train
+from nanomt.train import label_smoothed_loss, train
 from nanomt.translate import Translator
 
 V = 50
@@ -164,14 +164,6 @@ def test_a_run_keeps_the_training_targets_ids_in_every_checkpoint(restricted_run
         assert torch.equal(read_weights(step_dir / WEIGHTS)["output_mask"], model.output_mask)
     avg, _, _ = load_checkpoint(average_checkpoints([d for _, d in step_dirs(run)], run.parent / "avg"))
     assert avg.output_ids.tolist() == expected
-
-
-def test_restrict_output_with_bpe_dropout_is_a_clear_error(toy_corpus, tmp_path):
-    cfg = tiny_config(toy_corpus)
-    cfg["data"]["bpe_dropout"] = 0.1
-    cfg["model"]["restrict_output"] = True
-    with pytest.raises(TrainingError, match="restrict_output needs data.bpe_dropout"):
-        train(config_from_dict(cfg), tmp_path / "run")
 
 
 def test_set_output_vocab_needs_a_restricted_model():

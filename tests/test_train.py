@@ -1,13 +1,9 @@
 """Training: schedule and loss against formulas, a run whose loss falls, exact resume after SIGKILL, bad input."""
 
 import json
-import logging
 import math
-import os
-import platform
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -16,10 +12,9 @@ import torch.nn.functional as F
 import yaml
 from conftest import NANOMT, tiny_config
 
-from nanomt import train as train_module
 from nanomt.checkpoint import WEIGHTS, load_checkpoint, read_weights, step_dirs
 from nanomt.config import TrainConfig, config_from_dict
-from nanomt.train import autocast, label_smoothed_loss, lr_at, resolve_precision, train
+from nanomt.train import label_smoothed_loss, lr_at, train
 
 
 def test_inverse_sqrt_schedule():
@@ -106,70 +101,6 @@ def test_fused_loss_equals_cross_entropy_value_and_gradient(dtype):
     (g_ref,) = torch.autograd.grad(ref * 3.0, logits)
     assert g_ours.dtype == dtype
     torch.testing.assert_close(g_ours.float(), g_ref.float(), **tol)
-
-
-@pytest.mark.parametrize("kernels", [True, False])
-def test_auto_precision_is_bf16_only_on_a_cpu_with_bf16_kernels(monkeypatch, kernels):
-    monkeypatch.setattr(train_module, "cpu_has_bf16_kernels", lambda: kernels)
-    cpu = torch.device("cpu")
-    assert resolve_precision("auto", cpu) == ("bf16" if kernels else "fp32")
-    assert [resolve_precision(p, cpu) for p in ("fp32", "bf16")] == ["fp32", "bf16"]  # explicit settings stay
-    a = torch.randn(4, 8)
-    with autocast("auto", cpu):
-        assert (a @ a.T).dtype == (torch.bfloat16 if kernels else torch.float32)
-
-
-def test_bf16_on_a_cpu_without_bf16_kernels_trains_with_one_warning(toy_corpus, tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(train_module, "cpu_has_bf16_kernels", lambda: False)
-    malloc_calls = []  # and a CPU run sets up malloc once (test_training_reuses_freed_memory_...)
-    monkeypatch.setattr(train_module, "keep_freed_memory", lambda: malloc_calls.append(1) or True)
-    cfg = config_from_dict(
-        tiny_config(toy_corpus, max_steps=2, eval_every=100, save_every=100, precision="bf16", device="cpu")
-    )
-    with caplog.at_level(logging.WARNING, logger="nanomt"):
-        train(cfg, tmp_path / "run")
-    assert malloc_calls == [1]
-    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1 and "train.precision=auto or fp32" in warnings[0]
-    assert [r["step"] for r in read_metrics(tmp_path / "run") if "loss" in r] == [2]
-
-
-FAULTS_CODE = """
-import resource, sys, torch
-from nanomt.train import keep_freed_memory
-if sys.argv[1] != "default":  # "keep", or "user" where the user set allocator variables
-    assert keep_freed_memory() == (sys.argv[1] == "keep")
-def faults(n):
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for _ in range(n):
-        torch.ones(16 * 2**20)  # 64 MB allocated, written and freed, as a step's logits
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-# Warm-up: torch's 64-byte-aligned allocations leave small head/tail pieces that glibc parks in its per-thread
-# cache (7 per size) without merging them back, so the freed block is too small for the next request until those
-# slots are full; 1 to 8 iterations of fresh pages depending on the heap's layout, then none for good.
-faults(24)
-print(faults(10))
-"""
-
-
-@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc malloc settings")
-def test_training_reuses_freed_memory_instead_of_faulting_it_in_again():
-    chosen = set(train_module.user_allocator_settings())
-    env = {k: v for k, v in os.environ.items() if k not in chosen}
-    faults = {
-        mode: int(
-            subprocess.run(
-                [sys.executable, "-c", FAULTS_CODE, mode], env=env, capture_output=True, text=True, check=True
-            ).stdout
-        )
-        for mode in ("default", "keep")
-    }
-    if faults["default"] < 10 * 1000:
-        pytest.skip(f"this kernel maps large blocks without per-page faults ({faults['default']} faults)")
-    assert faults["keep"] < faults["default"] / 20  # ~16,000 fresh 4 KB pages per block by default, ~0 kept
-    env["GLIBC_TUNABLES"] = "glibc.malloc.mmap_max=65536"  # the user's own setting is left alone
-    res = subprocess.run([sys.executable, "-c", FAULTS_CODE, "user"], env=env, capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr
 
 
 def read_metrics(run_dir):
@@ -351,14 +282,3 @@ def test_two_process_ddp_equals_one_process_with_accumulation(toy_corpus, tmp_pa
     losses_one = [r["loss"] for r in read_metrics(tmp_path / "one") if "loss" in r]
     losses_two = [r["loss"] for r in read_metrics(tmp_path / "two") if "loss" in r]
     assert losses_one == pytest.approx(losses_two, rel=1e-4)
-
-
-def test_onednn_kernel_cache_is_raised_unless_the_user_set_it():
-    """Importing nanomt raises oneDNN's kernel cache (length-bucketed batches thrash 1,024); a user's value wins."""
-    code = "import os, nanomt; print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'])"
-    env = {k: v for k, v in os.environ.items() if k != "ONEDNN_PRIMITIVE_CACHE_CAPACITY"}
-    default = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert default.stdout.strip() == "65536"
-    env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = "2048"
-    user = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert user.stdout.strip() == "2048"
