@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 
-.PHONY: test demo lint format install clean
+.PHONY: test test-fast demo lint format install clean
 
 $(BIN)/nanomt: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -15,16 +15,20 @@ $(BIN)/nanomt: pyproject.toml constraints.txt
 install: $(BIN)/nanomt
 
 test: install
-	$(BIN)/ruff check nanomt tests benchmarks
-	$(BIN)/ruff format --check nanomt tests benchmarks
+	$(BIN)/ruff check nanomt tests benchmarks scripts
+	$(BIN)/ruff format --check nanomt tests benchmarks scripts
 	$(BIN)/python -m pytest
+
+# The same without subprocess trainings, the browser and the served load (the tests marked slow).
+test-fast: install
+	$(BIN)/python -m pytest -m "not slow"
 
 demo: install
 	$(BIN)/nanomt demo
 
 format: install
-	$(BIN)/ruff format nanomt tests benchmarks
-	$(BIN)/ruff check --fix nanomt tests benchmarks
+	$(BIN)/ruff format nanomt tests benchmarks scripts
+	$(BIN)/ruff check --fix nanomt tests benchmarks scripts
 
 clean:
 	rm -rf $(VENV) runs/demo

@@ -14,7 +14,8 @@ from nanomt.synthetic import write_corpus
 from nanomt.train import train
 from nanomt.translate import Translator
 
-DEMO_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
+# Package data, so that `nanomt demo` runs from an installed package; configs/demo.yaml links to it.
+DEMO_CONFIG = Path(__file__).resolve().parent / "configs" / "demo.yaml"
 DEMO_PAIRS = 12000
 
 
@@ -30,7 +31,7 @@ def _table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
 def run_demo(out: Path, steps: int | None = None, pairs: int | None = None, config: Path = DEMO_CONFIG) -> dict:
     """Write the toy corpus, train from scratch, evaluate, plot; returns the test report."""
     if not config.is_file():
-        raise FileNotFoundError(f"demo config not found: {config} (run the demo from a nanomt source checkout)")
+        raise FileNotFoundError(f"demo config not found: {config}")
     start = time.perf_counter()
     data, run = out / "data", out / "run"
     paths = write_corpus(data, pairs=pairs or DEMO_PAIRS, seed=0)

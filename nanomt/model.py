@@ -55,7 +55,7 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     if x.device.type != "cpu":
         return F.dropout(x, p, True)
     # On a CPU the random numbers, not the arithmetic, are the cost: 16 random bits per element, two to each
-    # 32-bit draw, make this ~2.5x faster than F.dropout (benchmarks/README.md). P(keep) = 1 - p to 1/65536.
+    # 32-bit draw, make this ~2.5x faster than F.dropout (docs/performance.md). P(keep) = 1 - p to 1/65536.
     n = x.numel()
     bits = torch.empty((n + 1) // 2, dtype=torch.int32).random_(-(2**31), 2**31).view(torch.int16)[:n]
     keep = bits.view(x.shape) >= round(p * 65536) - 32768
@@ -94,7 +94,7 @@ def attention(
         causal = causal_mask(q.size(-2), k.size(-2), device=q.device)
         mask, is_causal = (causal if mask is None else mask & causal), False
     # PyTorch's fused CPU kernel is ~7x slower than two matmuls in bf16 at sentence lengths (fwd+bwd, T=32;
-    # benchmarks/README.md), so bf16 on the CPU takes the explicit path; everywhere else the fused kernel.
+    # docs/performance.md), so bf16 on the CPU takes the explicit path; everywhere else the fused kernel.
     fused = not need_weights and not (q.device.type == "cpu" and q.dtype == torch.bfloat16)
     if fused:
         # Same numbers, no (T, S) weight matrix kept for backward.
