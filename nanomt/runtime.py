@@ -1,0 +1,128 @@
+"""Hardware facts and workarounds in one place: device, precision, allocator, threads, processes."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import os
+import sys
+import threading
+from dataclasses import dataclass
+
+# oneDNN, which runs bf16 matmuls on the CPU, JIT-compiles a kernel for each matrix shape and caches 1,024 of
+# them. Length-bucketed batches bring ~160 shapes an epoch and dozens of kernels each, so the default cache
+# thrashes and steps recompile their kernels every epoch: 1.38x on a Multi30k bf16 step (docs/performance.md).
+# oneDNN reads this when it makes its first kernel, so it is set before torch is imported; setdefault leaves a
+# user's own setting alone.
+os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "65536")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+
+class DeviceError(ValueError):
+    """A device or precision this machine cannot provide."""
+
+
+def pick_device(name: str) -> torch.device:
+    """`auto` is CUDA when present, else the CPU; a CUDA device without CUDA is a DeviceError."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise DeviceError(f"device {name!r} asked for, but this PyTorch has no CUDA device (use cpu)")
+    try:
+        return torch.device(name)
+    except RuntimeError as e:  # a misspelt device
+        raise DeviceError(f"unknown device {name!r} ({e})") from None
+
+
+@functools.cache
+def cpu_has_bf16_kernels() -> bool:
+    """Whether oneDNN has bf16 matmul kernels for this CPU (AVX-512 or AMX); else bf16 falls to a scalar loop."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a PyTorch without this (private) query: fp32 is the safe choice
+        return False
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """`auto` is bf16 where the device has bf16 matrix kernels, else fp32; other settings are kept as they are."""
+    if precision != "auto":
+        return precision
+    if device.type == "cuda":
+        # Not counting emulation: pre-Ampere GPUs (V100, T4) "support" bf16 at a fraction of their fp32 speed.
+        return "bf16" if torch.cuda.is_bf16_supported(including_emulation=False) else "fp32"
+    return "bf16" if device.type == "cpu" and cpu_has_bf16_kernels() else "fp32"
+
+
+def autocast(precision: str, device: torch.device):
+    """Mixed-precision context for the forward pass; the caller owns it, the model knows nothing of it."""
+    precision = resolve_precision(precision, device)
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    if precision == "fp16" and device.type != "cuda":
+        raise DeviceError("train.precision=fp16 needs CUDA; use bf16 on the CPU")
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device.type, dtype=dtype)
+
+
+M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # mallopt parameters (<malloc.h>)
+
+
+def user_allocator_settings() -> list[str]:
+    """The environment variables by which the user chose glibc malloc settings or another allocator."""
+    return [k for k in os.environ if k in ("GLIBC_TUNABLES", "LD_PRELOAD") or k.startswith("MALLOC_")]
+
+
+def keep_freed_memory() -> bool:
+    """Have glibc's malloc serve large blocks from its heap and keep what is freed; False where it did nothing."""
+    # By default glibc gives each block over its mmap threshold (at most 32 MB, so a step's (B*T, V) logits and
+    # their gradient) pages of its own and unmaps them on free: every step faulted ~50,000 fresh pages in again,
+    # 1.09-1.25x of the Multi30k fp32 step, 1.01-1.06x of the bf16 one (docs/performance.md). Allocator
+    # settings of the user's own win.
+    if sys.platform != "linux" or user_allocator_settings():
+        return False
+    try:
+        libc = ctypes.CDLL(None)
+    except OSError:
+        return False
+    if not hasattr(libc, "gnu_get_libc_version"):  # musl and others: their own malloc
+        return False
+    return libc.mallopt(M_MMAP_MAX, 0) == 1 and libc.mallopt(M_TRIM_THRESHOLD, 2**30) == 1
+
+
+def is_main_thread() -> bool:
+    """Signal handlers can only be installed from the main thread."""
+    return threading.current_thread() is threading.main_thread()
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Where this process trains: its rank among `world` processes, its device and the precision it computes in."""
+
+    rank: int
+    world: int
+    device: torch.device
+    precision: str  # resolved: fp32, bf16 or fp16
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def setup(device: str, precision: str, num_threads: int | None) -> Runtime:
+    """Start the process group under torchrun, pick the device and precision, set the CPU threads."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    rank = dist.get_rank() if world > 1 else 0
+    dev = pick_device(device)
+    if world > 1 and dev.type == "cuda":
+        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    torch.set_num_threads(num_threads or max(1, (os.cpu_count() or 1) // world))
+    resolved = resolve_precision(precision, dev)
+    autocast(resolved, dev)  # a DeviceError now (fp16 on a CPU) rather than at the first step
+    return Runtime(rank, world, dev, resolved)
