@@ -1,11 +1,11 @@
 """Convert a nanomt checkpoint to CTranslate2, and time CTranslate2 translating a file with it.
 
-    python benchmarks/ct2_convert.py CHECKPOINT OUT_DIR                       # convert (float32 weights)
-    python benchmarks/ct2_convert.py CHECKPOINT OUT_DIR --src test.de --json  # + translate, time, print JSON
+    python -m benchmarks.ct2_convert CHECKPOINT OUT_DIR                       # convert (float32 weights)
+    python -m benchmarks.ct2_convert CHECKPOINT OUT_DIR --src test.de --json  # + translate, time, print JSON
 
 This file never imports torch (nor nanomt, which does): CTranslate2 in a process that has imported torch ran
 ~2.5x slower in the baselines' measurements (two OpenMP runtimes), so the checkpoint is read with safetensors'
-numpy loader and PyYAML. `benchmarks/speed.py` runs it as a worker for the `translate` section.
+numpy loader and PyYAML. `benchmarks.speed` runs it as a worker for the `translate` section.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Decoding a restrict_output model: the whole output projection masked with -inf, against the pruned copy.
 
-    .venv/bin/python benchmarks/output_decode.py --checkpoint runs/multi30k_de_en/final  # results/output_decode.json
+    python -m benchmarks.output_decode --checkpoint runs/multi30k_de_en/final  # benchmarks/results/output_decode.json
 
 A model trained with `model.restrict_output: true` (the Multi30k recipe) keeps the whole tied 8k x D output matrix,
 which training needs for the embedding's gradient. `Translator` decodes through `model.prune_output`, a copy whose
@@ -18,19 +18,17 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import sacrebleu
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from multi30k import RESULTS, ROOT, machine, shown  # noqa: E402
-
-from nanomt.checkpoint import load_checkpoint  # noqa: E402
-from nanomt.quantize import quantize_int8  # noqa: E402
-from nanomt.translate import Translator  # noqa: E402
+from benchmarks.common import DEFAULT_DATA, RESULTS
+from nanomt.checkpoint import load_checkpoint
+from nanomt.quantize import quantize_int8
+from nanomt.translate import Translator
+from scripts.multi30k import ROOT, machine, shown
 
 
 def translators(checkpoint: Path, int8: bool) -> dict[str, Translator]:
@@ -92,7 +90,7 @@ def compare(ts: dict[str, Translator], lines: list[str], refs: list[str], beam: 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", type=Path, default=ROOT / "runs" / "multi30k_de_en" / "final")
-    p.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data" / "multi30k")
+    p.add_argument("--data", type=Path, default=DEFAULT_DATA)
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--single", type=int, default=100, help="sentences translated one at a time per round")
@@ -101,7 +99,12 @@ def main() -> None:
     torch.set_num_threads(2)
     lines = (args.data / "val.de").read_text(encoding="utf-8").splitlines()
     refs = (args.data / "val.en").read_text(encoding="utf-8").splitlines()
-    result = {"checkpoint": shown(args.checkpoint.resolve()), "sentences": len(lines), "beam": args.beam}
+    result = {
+        "checkpoint": shown(args.checkpoint),
+        "data": shown(args.data),
+        "sentences": len(lines),
+        "beam": args.beam,
+    }
     with torch.inference_mode():
         for precision in ("float32", "int8"):
             ts = translators(args.checkpoint, int8=precision == "int8")
@@ -112,6 +115,7 @@ def main() -> None:
             result[precision] = compare(ts, lines, refs, args.beam, args.rounds, args.single)
             print(precision, json.dumps(result[precision]), flush=True)
     result["machine"] = machine()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")
 

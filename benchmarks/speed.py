@@ -2,16 +2,17 @@
 
 Run from the repository root (the full run takes 12-15 minutes on the 2-core machine, a few more with translate):
 
-    .venv/bin/python benchmarks/speed.py                  # train + decode, SMALL and BASE -> results/speed.{json,md}
-    .venv/bin/python benchmarks/speed.py --quick          # smoke test: SMALL, 2 reps -> results/speed_quick.{json,md}
-    .venv/bin/python benchmarks/speed.py --only decode --configs BASE --out speed_decode_base
-    .venv/bin/python benchmarks/speed.py --only translate \\
+    python -m benchmarks.speed                  # train + decode, SMALL and BASE -> benchmarks/results/speed.{json,md}
+    python -m benchmarks.speed --quick          # smoke test: SMALL, 2 reps -> benchmarks/results/speed_quick.{json,md}
+    python -m benchmarks.speed --only decode --configs BASE --out speed_decode_base
+    python -m benchmarks.speed --only translate \\
         --translate-checkpoint runs/multi30k_de_en --src ../shared/data/multi30k/test2016.de
 
 The baselines are imported from ../shared/bench/anchors/ (`--anchors DIR`), never copied: `common.CONFIGS` gives
 the SMALL and BASE dimensions, `models.SeedImpl` the seed (the tutorial Transformer this project started from),
 `models.MarianImpl` Hugging Face's MarianMTModel, and `bench_infer` the CTranslate2 conversion and timing. A
-contender whose package is missing is skipped with a message. Everything runs on 2 threads.
+contender whose package is missing is skipped with a message. Everything runs on 2 threads. Paths in the results
+are relative to the repository.
 
 What it measures:
 1. train: one training step (forward, label-smoothed cross-entropy 0.1, backward, AdamW step, zero_grad) on a fixed
@@ -486,6 +487,7 @@ def bench_decode(cfg_name: str, anchors: dict, warmup: int, reps: int) -> dict:
         if has_ct2:
             args = ["ct2-convert", str(workdir), cfg_name, "--anchors", str(anchors["dir"])]
             converted = anchors["common"].run_worker(Path(__file__), args)
+            converted.pop("ct2_dir", None)  # a temporary directory, removed below
             notes["ct2_convert"] = converted
             if "error" in converted:
                 print(f"skipping ct2: conversion failed: {converted.get('stderr_tail', converted)}", flush=True)
@@ -529,6 +531,7 @@ def decode_rows(timings: dict) -> dict:
 def bench_translate(checkpoint: str, src_file: str, warmup: int, reps: int) -> dict:
     """Sentences/s of Translator.translate(lines, beam_size=5) over a whole file, float32 and int8, round-robin."""
     from nanomt.translate import Translator
+    from scripts.multi30k import shown
 
     lines = Path(src_file).read_text(encoding="utf-8").splitlines()
     print(f"== translate {len(lines)} lines of {src_file} with {checkpoint}, beam 5", flush=True)
@@ -543,8 +546,8 @@ def bench_translate(checkpoint: str, src_file: str, warmup: int, reps: int) -> d
     timings = round_robin(contenders, 0, reps)
     for name, t in timings.items():
         t.update(
-            checkpoint=str(checkpoint),
-            src=str(src_file),
+            checkpoint=shown(checkpoint),
+            src=shown(src_file),
             n_sentences=len(lines),
             sentences_per_s=len(lines) / t["median_s"],
             output_words=sum(len(x.split()) for x in outputs[name]),
@@ -563,25 +566,27 @@ def bench_translate(checkpoint: str, src_file: str, warmup: int, reps: int) -> d
 
 
 def ct2_translate(checkpoint: str, src_file: str, reps: int, fp32_out: list[str], int8_out: list[str]) -> dict:
-    """The same checkpoint converted to CTranslate2 (benchmarks/ct2_convert.py, a torch-free worker), beam 5."""
+    """The same checkpoint converted to CTranslate2 (benchmarks.ct2_convert, a torch-free worker), beam 5."""
     if not available("ctranslate2", "ct2_translate"):
         return {}
     from nanomt.checkpoint import find_run_files
     from nanomt.config import load_config
+    from scripts.multi30k import shown
 
     length_penalty = load_config(find_run_files(checkpoint)[0]).decode.length_penalty
     with tempfile.TemporaryDirectory(prefix="nanomt-ct2-") as tmp:
         cmd = [
             sys.executable,
-            str(REPO / "benchmarks" / "ct2_convert.py"),
-            str(checkpoint),
+            "-m",
+            "benchmarks.ct2_convert",
+            str(Path(checkpoint).resolve()),
             tmp,
             "--src",
-            str(src_file),
+            str(Path(src_file).resolve()),
         ]
         cmd += ["--beam", "5", "--length-penalty", str(length_penalty), "--reps", str(reps), "--json"]
         print("$", " ".join(cmd), flush=True)
-        res = subprocess.run(cmd, capture_output=True, text=True)
+        res = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
     if res.returncode != 0:
         print(f"skipping ct2_translate: {res.stderr.strip().splitlines()[-1:]}", flush=True)
         return {"ct2_translate": {"error": res.stderr[-2000:]}}
@@ -592,8 +597,8 @@ def ct2_translate(checkpoint: str, src_file: str, reps: int, fp32_out: list[str]
         ours = fp32_out if precision == "fp32" else int8_out
         translations = run.pop("translations")
         run.update(
-            checkpoint=str(checkpoint),
-            src=str(src_file),
+            checkpoint=shown(checkpoint),
+            src=shown(src_file),
             convert_s=report["convert_s"],
             ctranslate2=report["version"],
             # CT2's length penalty divides by length^alpha, nanomt's GNMT one by ((5 + length) / 6)^alpha.
@@ -642,6 +647,8 @@ def machine_info(anchors_dir: Path) -> dict:
     """CPU, threads, versions (read from package metadata: importing ctranslate2 here would slow torch) and git."""
     import torch
 
+    from scripts.multi30k import shown
+
     versions = {}
     for package in ("torch", "transformers", "ctranslate2", "numpy"):
         try:
@@ -661,7 +668,7 @@ def machine_info(anchors_dir: Path) -> dict:
         "versions": versions,
         "git_commit": git("rev-parse", "HEAD"),
         "git_dirty": bool(git("status", "--porcelain")),
-        "anchors": str(anchors_dir),
+        "anchors": shown(anchors_dir),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
 
@@ -850,7 +857,6 @@ def main() -> None:
     if args.worker:
         run_worker(args)
         return
-    sys.path.insert(0, str(REPO))
     anchors = load_anchors(args.anchors)
     import torch
 
@@ -860,11 +866,11 @@ def main() -> None:
     if unknown:
         sys.exit(f"unknown config(s) {sorted(unknown)}; the anchors have {sorted(anchors['common'].CONFIGS)}")
     sections = [args.only] if args.only else ["train", "decode"] + (["translate"] if args.translate_checkpoint else [])
-    from nanomt.train import cpu_has_bf16_kernels
+    from nanomt.runtime import cpu_has_bf16_kernels
 
     if {"train", "decode"} & set(sections) and not cpu_has_bf16_kernels():
         sys.exit(
-            "speed.py: this CPU has no bf16 matrix kernels (AVX2 only: bf16 matmuls ~60x slower than fp32); "
+            "benchmarks.speed: this CPU has no bf16 matrix kernels (AVX2 only: bf16 matmuls ~60x slower than fp32); "
             "the train and decode sections time bf16 against an AVX-512 report: run them on an AVX-512 or AMX CPU, "
             "or --only translate"
         )

@@ -1,6 +1,6 @@
 """The Multi30k training step with oneDNN's default kernel cache (1,024) against nanomt's (65,536).
 
-    .venv/bin/python benchmarks/step_cache.py --data ../shared/data/multi30k     # -> results/step_cache.json
+    python -m benchmarks.step_cache --data ../shared/data/multi30k     # -> benchmarks/results/step_cache.json
 
 Each capacity runs the recipe (`configs/multi30k_de_en.yaml`) through `nanomt train` for two epochs with
 evaluation and checkpoints pushed past the end, one after the other on an otherwise idle machine. The batches are
@@ -13,14 +13,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from multi30k import RESULTS, ROOT, data_overrides, machine, run_training  # noqa: E402
-
-from nanomt.plots import read_metrics  # noqa: E402
+from benchmarks.common import DEFAULT_CONFIG, DEFAULT_DATA, RESULTS
+from nanomt.plots import read_metrics
+from scripts.multi30k import data_overrides, machine, run_training, shown
 
 
 def epoch_times(metrics: Path) -> list[dict]:
@@ -44,8 +42,8 @@ def epoch_times(metrics: Path) -> list[dict]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data" / "multi30k")
-    p.add_argument("--config", type=Path, default=ROOT / "configs" / "multi30k_de_en.yaml")
+    p.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    p.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
     p.add_argument("--steps", type=int, default=412, help="two epochs of the recipe's batches")
     p.add_argument("--capacities", default="1024,65536")
     p.add_argument("--out", type=Path, default=RESULTS / "step_cache.json")
@@ -72,12 +70,13 @@ def main() -> None:
         c: [round(b["seconds"] / o["seconds"], 3) for b, o in zip(runs[base], runs[c], strict=True)] for c in others
     }
     result = {
-        "config": str(args.config.relative_to(ROOT)),
+        "config": shown(args.config),
         "steps": args.steps,
         "epochs": runs,
         f"speedup_per_epoch_vs_{base}": speedup,
         "machine": machine(),
     }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(speedup), f"\nwrote {args.out}")
 

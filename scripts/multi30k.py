@@ -1,0 +1,342 @@
+"""The Multi30k German->English recipe, end to end: tokenizer, binarize, train, average, tune on val, evaluate.
+
+    python -m scripts.multi30k --data ../shared/data/multi30k            # the 60-minute recipe
+    python -m scripts.multi30k --data ../shared/data/multi30k --set train.seed=2 \\
+        --out scripts/results/multi30k_de_en_seed2.json                  # another seed, in runs/multi30k_de_en_seed2
+    python -m scripts.multi30k --data ../shared/data/multi30k --ablation-steps 700   # + the ablation
+    python -m scripts.multi30k --data ../shared/data/multi30k --ablation-only --ablation-steps 700   # ablation only
+
+Training is `nanomt train configs/multi30k_de_en.yaml` (re-running resumes, or does nothing if it finished), with
+the --set overrides given here; the run directory is runs/ and the results file's name unless --run-dir says.
+Checkpoint choice (best-BLEU, last, averages of the last N), beam size and length penalty are chosen on val;
+test2016 is decoded by `nanomt evaluate` for the final number (float32 and int8) and the 30-minute checkpoint.
+Writes scripts/results/multi30k_de_en.json (--out) and the training-curve plot beside it. Paths in it are relative
+to the repository, and it names the commit it ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from nanomt import checkpoint as ckpt
+from nanomt.config import load_config
+from nanomt.evaluate import evaluate
+from nanomt.plots import plot_curves, read_metrics
+from nanomt.runtime import cpu_has_bf16_kernels
+from nanomt.translate import Translator
+
+ROOT = Path(__file__).resolve().parent.parent
+NANOMT = [sys.executable, "-m", "nanomt.cli"]
+DATA_FILES = ("train.de", "train.en", "val.de", "val.en", "test2016.de", "test2016.en")
+
+
+def data_overrides(data: Path) -> list[str]:
+    """--set arguments pointing the config at the Multi30k files in `data`."""
+    files = {"train": "train", "valid": "val", "test": "test2016"}
+    return [
+        f"data.{split}.{side}={data / f'{name}.{lang}'}"
+        for split, name in files.items()
+        for side, lang in (("src", "de"), ("tgt", "en"))
+    ]
+
+
+def run_training(config: Path, run_dir: Path, overrides: list[str], log: Path | None = None) -> None:
+    """`nanomt train`, in a subprocess so its threads and memory are its own; its output to `log` if given."""
+    cmd = [*NANOMT, "train", str(config), "--run-dir", str(run_dir)]
+    for o in overrides:
+        cmd += ["--set", o]
+    if log is None:
+        print("$", " ".join(cmd), flush=True)
+        subprocess.run(cmd, check=True)
+        return
+    with open(log, "w") as f:
+        subprocess.run(cmd, check=True, stdout=f, stderr=subprocess.STDOUT)
+
+
+def shown(path: str | Path) -> str:
+    """A path as a results file names it: relative to the repository, never absolute."""
+    return os.path.relpath(Path(path).resolve(), ROOT)
+
+
+def relative_paths(obj):
+    """`obj` (JSON-like) with every absolute path in it made relative to the repository."""
+    if isinstance(obj, dict):
+        return {k: relative_paths(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [relative_paths(v) for v in obj]
+    if isinstance(obj, str) and os.path.isabs(obj):
+        return shown(obj)
+    return obj
+
+
+def machine() -> dict:
+    """CPU model, threads, versions and the git commit (and whether the tree differed from it), for a results file."""
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+
+    import sacrebleu
+    import sentencepiece
+
+    return {
+        "cpu": cpu,
+        "threads": torch.get_num_threads(),
+        "bf16_kernels": cpu_has_bf16_kernels(),  # train.precision=auto: bf16 if true, else fp32
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "sacrebleu": sacrebleu.__version__,
+        "sentencepiece": sentencepiece.__version__,
+        "git_commit": git("rev-parse", "HEAD"),
+        "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+    }
+
+
+def training_summary(run_dir: Path) -> dict:
+    """Steps, wall seconds and mean tokens/s from metrics.jsonl."""
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    train_rows = [r for r in rows if "loss" in r]
+    evals = [r for r in rows if "valid_bleu" in r]
+    return {
+        "steps": max(r["step"] for r in rows),  # the last step may come after the last log row
+        "epochs": max(r["epoch"] for r in rows),
+        "train_wall_seconds": max(r["elapsed_s"] for r in rows),
+        # None for a run shorter than one log interval (a smoke test)
+        "tokens_per_s": round(sum(r["tokens_per_s"] for r in train_rows) / len(train_rows), 1) if train_rows else None,
+        "best_valid_greedy_bleu": max((r["valid_bleu"] for r in evals), default=None),
+        "valid_greedy_bleu_curve": [(r["step"], r["elapsed_s"], r["valid_bleu"]) for r in evals],
+    }
+
+
+def with_decoding(src: Path, out: Path, beam: int, length_penalty: float) -> Path:
+    """A complete checkpoint dir at `out` whose config carries the chosen decoding settings."""
+    config_path, tokenizer_dir = ckpt.find_run_files(src)
+    cfg = load_config(config_path)
+    cfg = dataclasses.replace(
+        cfg, decode=dataclasses.replace(cfg.decode, beam_size=beam, length_penalty=length_penalty)
+    )
+    state = ckpt.read_weights(src / ckpt.WEIGHTS)
+    return ckpt.write_checkpoint_dir(out, cfg, tokenizer_dir, state)
+
+
+def val_bleu(path: Path, data: Path, beam: int, length_penalty: float | None = None) -> float:
+    """BLEU of a checkpoint on val, the only split used for choices."""
+    kwargs = {} if length_penalty is None else {"length_penalty": length_penalty}
+    translator = Translator.from_checkpoint(path)
+    report = evaluate(translator, data / "val.de", data / "val.en", beam_size=beam, **kwargs)
+    return report["bleu"]
+
+
+def choose_checkpoint(run_dir: Path, data: Path, work: Path) -> tuple[Path, list[dict]]:
+    """Best-BLEU weights, the last step, and averages of the last N checkpoints, compared on val with beam 5."""
+    steps = ckpt.step_dirs(run_dir)
+    candidates = {"best_valid_bleu": run_dir, "last": steps[-1][1]}
+    for n in (4, 8, 12):
+        if len(steps) >= n:
+            candidates[f"average_last_{n}"] = ckpt.average_checkpoints([p for _, p in steps[-n:]], work / f"avg{n}")
+    table = []
+    for name, path in candidates.items():
+        table.append({"checkpoint": name, "val_bleu_beam5": round(val_bleu(path, data, 5), 2)})
+        print(table[-1], flush=True)
+    best = max(table, key=lambda r: r["val_bleu_beam5"])
+    return candidates[best["checkpoint"]], table
+
+
+def choose_decoding(path: Path, data: Path) -> tuple[int, float, list[dict]]:
+    """Beam size and GNMT length penalty, chosen on val."""
+    table = []
+    for beam, lp in ((5, 0.6), (5, 1.0), (5, 1.4), (5, 1.8), (5, 2.2), (8, 1.4), (3, 1.4)):
+        table.append({"beam": beam, "length_penalty": lp, "val_bleu": round(val_bleu(path, data, beam, lp), 2)})
+        print(table[-1], flush=True)
+    best = max(table, key=lambda r: r["val_bleu"])
+    return best["beam"], best["length_penalty"], table
+
+
+def nanomt_evaluate(path: Path, data: Path, split: str = "test2016", int8: bool = False) -> dict:
+    """`nanomt evaluate --json` on a split: the number in the results."""
+    cmd = [
+        *NANOMT,
+        "evaluate",
+        str(path),
+        "--src",
+        str(data / f"{split}.de"),
+        "--ref",
+        str(data / f"{split}.en"),
+        "--json",
+        *(["--int8"] if int8 else []),
+    ]
+    print("$", " ".join(cmd), flush=True)
+    return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+
+
+def checkpoint_at_minutes(run_dir: Path, minutes: float) -> tuple[int, Path] | None:
+    """The last checkpoint written within the first `minutes` of training."""
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    elapsed = {r["step"]: r["elapsed_s"] for r in rows if "loss" in r}
+    inside = [(s, p) for s, p in ckpt.step_dirs(run_dir) if s in elapsed and elapsed[s] <= minutes * 60]
+    return inside[-1] if inside else None
+
+
+def ablation(config: Path, data: Path, root: Path, steps: int, overrides: list[str]) -> list[dict]:
+    """Short runs differing in one choice each, compared on val (greedy during training, beam 5 at the end)."""
+    base = data_overrides(data) + [
+        *overrides,
+        f"train.max_steps={steps}",
+        "train.max_minutes=null",
+        # The recipe's warmup, then inverse-sqrt decay: a short run keeps learning instead of ending at lr 0,
+        # so the comparison shows how fast each variant learns, not how a shrunk schedule lands.
+        "train.schedule=inverse_sqrt",
+        # The recipe's reversed-pairs epochs fill its first ~1,700 steps: a short run would be all of them.
+        "train.bidirectional_epochs=0",
+        f"train.eval_every={steps}",
+        f"train.save_every={steps}",
+    ]
+    variants = {  # label: (run directory name, overrides)
+        "recipe (post-norm, sinusoidal, label smoothing 0.1, init N(0, 0.02))": ("recipe", []),
+        "pre-norm": ("pre_norm", ["model.norm_first=true"]),
+        "learned positions": ("learned_positions", ["model.positional=learned"]),
+        "label smoothing 0": ("no_label_smoothing", ["train.label_smoothing=0.0"]),
+        "Xavier init (N(0, d^-0.5) embeddings)": ("xavier_init", ["model.init_std=null"]),
+    }
+    rows = []
+    for name, (dirname, extra) in variants.items():
+        run_dir = root / dirname
+        run_training(config, run_dir, base + extra)
+        summary = training_summary(run_dir)
+        rows.append(
+            {
+                "variant": name,
+                "overrides": extra,
+                "steps": summary["steps"],
+                "train_wall_seconds": summary["train_wall_seconds"],
+                "val_bleu_greedy": summary["best_valid_greedy_bleu"],
+                "val_bleu_beam5": round(val_bleu(ckpt.step_dirs(run_dir)[-1][1], data, 5), 2),
+            }
+        )
+        print(rows[-1], flush=True)
+    return rows
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data" / "multi30k")
+    p.add_argument("--config", type=Path, default=ROOT / "configs" / "multi30k_de_en.yaml")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="a config override for the recipe's training (and the ablation's), as `nanomt train --set`",
+    )
+    p.add_argument("--out", type=Path, default=ROOT / "scripts" / "results" / "multi30k_de_en.json")
+    p.add_argument("--run-dir", type=Path, help="the recipe's run directory (default: runs/ and the --out name)")
+    p.add_argument("--ablation-steps", type=int, default=0, help="also run the ablation, this many steps each")
+    p.add_argument("--ablation-only", action="store_true", help="add the ablation to an existing results file")
+    args = p.parse_args()
+    if args.ablation_only and args.ablation_steps <= 0:
+        p.error("--ablation-only needs --ablation-steps N (N > 0)")
+    args.run_dir = args.run_dir or ROOT / "runs" / args.out.stem
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    data, run_dir = args.data.resolve(), args.run_dir
+    for f in DATA_FILES:
+        if not (data / f).is_file():
+            sys.exit(f"multi30k.py: error: {data / f} not found (give the data directory with --data)")
+    torch.set_num_threads(os.cpu_count() or 1)
+    ablation_dir = run_dir.with_name(run_dir.name + "_ablation")
+    if args.ablation_only:
+        result = json.loads(args.out.read_text())
+        result["ablation_on_val"] = ablation(args.config, data, ablation_dir, args.ablation_steps, args.overrides)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {args.out}")
+        return
+
+    start = time.time()
+    run_training(args.config, run_dir, data_overrides(data) + args.overrides)
+    chosen, checkpoints = choose_checkpoint(run_dir, data, run_dir / "selection")
+    model, _, _ = ckpt.load_checkpoint(chosen)
+    beam, lp, decoding = choose_decoding(chosen, data)
+    final = with_decoding(chosen, run_dir / "final", beam, lp)
+    test = nanomt_evaluate(final, data)
+    print(f"test2016: BLEU {test['bleu']:.2f}, chrF {test['chrf']:.2f}", flush=True)
+    test_int8 = nanomt_evaluate(final, data, int8=True)  # the same checkpoint and decoding, int8 linear layers
+    print(f"test2016 int8: BLEU {test_int8['bleu']:.2f}, chrF {test_int8['chrf']:.2f}", flush=True)
+
+    at30 = checkpoint_at_minutes(run_dir, 30)
+    result_30 = None
+    if at30 is not None:
+        step30, path30 = at30
+        r = nanomt_evaluate(with_decoding(path30, run_dir / "selection" / "at_30_minutes", beam, lp), data)
+        result_30 = {"step": step30, "bleu": r["bleu"], "chrf": r["chrf"]}
+
+    cfg = load_config(run_dir / ckpt.CONFIG)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    curves = plot_curves(run_dir / "metrics.jsonl", args.out.with_name(f"{args.out.stem}_curves.png"))
+    result = {
+        "task": "Multi30k de->en, test2016, detokenized cased sacreBLEU (13a)",
+        "bleu": test["bleu"],
+        "chrf": test["chrf"],
+        "bleu_signature": test["bleu_signature"],
+        "chrf_signature": test["chrf_signature"],
+        "test_sentences": test["sentences"],
+        "test_decoding_seconds": test["seconds"],
+        "test_sentences_per_s": test["sentences_per_s"],
+        "int8": {
+            "bleu": test_int8["bleu"],
+            "chrf": test_int8["chrf"],
+            "bleu_cost": round(test["bleu"] - test_int8["bleu"], 2),
+            "test_sentences_per_s": test_int8["sentences_per_s"],
+            "speedup": round(test_int8["sentences_per_s"] / test["sentences_per_s"], 2),
+        },
+        "after_30_minutes": result_30,
+        "data": shown(data),
+        "run_dir": shown(run_dir),
+        "overrides": args.overrides,
+        "parameters": model.num_parameters(),
+        **training_summary(run_dir),
+        "chosen_checkpoint": max(checkpoints, key=lambda r: r["val_bleu_beam5"])["checkpoint"],
+        "checkpoint_selection_on_val": checkpoints,
+        "decoding_selection_on_val": decoding,
+        "beam_size": beam,
+        "length_penalty": lp,
+        "config": relative_paths(json.loads(json.dumps(dataclasses.asdict(cfg)))),
+        "baselines_same_machine": {
+            "hf_marian_from_scratch_54min": {"bleu": 40.82, "chrf": 60.49},
+            "opus_mt_de_en_pretrained": {"bleu": 39.7, "chrf": 60.6},
+        },
+        "machine": machine(),
+        "curves_png": shown(curves),
+        "recipe_wall_seconds_incl_selection": round(time.time() - start, 1),
+    }
+    if args.ablation_steps > 0:
+        result["ablation_on_val"] = ablation(args.config, data, ablation_dir, args.ablation_steps, args.overrides)
+    elif args.out.is_file():  # keep an earlier ablation when only the main recipe is re-run
+        result["ablation_on_val"] = json.loads(args.out.read_text()).get("ablation_on_val")
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
