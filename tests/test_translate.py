@@ -1,0 +1,256 @@
+"""Translator and `nanomt translate` decode with the checkpoint's settings, checked on models with known outputs.
+
+The models here are Transformers without layers whose weights are a next-token table: the decoder's output is
+the embedding of the previous token (post-norm, so no final LayerNorm), a one-hot vector picking one column of
+the output projection, and that column holds the log-probabilities of the next token. Every hypothesis, its
+log-probability and so its length-penalized score is then known in advance.
+"""
+
+import math
+import subprocess
+
+import pytest
+import torch
+from conftest import NANOMT
+
+from nanomt.checkpoint import load_checkpoint, model_state, write_checkpoint_dir
+from nanomt.config import Config, DataConfig, DecodeConfig, ModelConfig
+from nanomt.decode import beam_search, max_len_fn
+from nanomt.model import Transformer
+from nanomt.tokenizer import BOS_ID, EOS_ID, PAD_ID, train_tokenizer
+from nanomt.translate import Translator
+
+D_MODEL = 16
+# Log-probability of every token a table row does not list: never chosen while a listed token can be.
+FLOOR = -30.0
+SOURCES = ["la fesa dormat.", "una zira un musko serur lemat.", "li muski la rina tirant e la fesa dunur dormat."]
+DEFAULTS = DecodeConfig()
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Table models, their checkpoints and their hypotheses.
+# ---------------------------------------------------------------------------------------------------------
+
+Row = dict[int, float]  # next token -> probability
+
+
+def table_model(vocab: int, rows: dict[int, Row], default: Row | None = None) -> Transformer:
+    """p(next | previous token) = rows[previous], or `default` for tokens without a row (uniform when empty)."""
+    cfg = ModelConfig(
+        src_vocab_size=vocab,
+        tgt_vocab_size=vocab,
+        d_model=D_MODEL,
+        n_heads=1,
+        n_encoder_layers=0,
+        n_decoder_layers=0,
+        d_ff=D_MODEL,
+        dropout=0.0,
+        max_positions=64,
+        positional="learned",  # zeroed below: the output depends on the previous token only
+        norm_first=False,  # no LayerNorm after the (empty) decoder stack
+    )
+    assert len(rows) < D_MODEL
+    model = Transformer(cfg).eval()
+    columns = [default or {}, *rows.values()]
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        slot = {token: i for i, token in enumerate(rows, start=1)}
+        for token in range(vocab):  # embeddings are scaled by sqrt(d_model): 1/4 * 4 = 1 exactly
+            model.tgt_embed.tokens.weight[token, slot.get(token, 0)] = 1.0 / math.sqrt(D_MODEL)
+        for j, column in enumerate(columns):
+            model.output.weight[:, j] = FLOOR if column else 0.0
+            for token, p in column.items():
+                model.output.weight[token, j] = math.log(p)
+    return model
+
+
+def chain(tokens: list[int], eos_probs: list[float]) -> dict[int, Row]:
+    """BOS -> tokens[0] -> tokens[1] ...: EOS with probability eos_probs[i] after i tokens, and after the last."""
+    rows, previous = {}, BOS_ID
+    for token, p in zip(tokens, eos_probs, strict=True):
+        rows[previous] = {EOS_ID: p, token: 1.0 - p}
+        previous = token
+    rows[previous] = {EOS_ID: 1.0}
+    return rows
+
+
+def chain_hypotheses(tokens: list[int], eos_probs: list[float]) -> list[tuple[list[int], float]]:
+    """Every hypothesis of `chain(tokens, eos_probs)` with its log-probability: tokens[:i] then EOS."""
+    out, continued = [], 0.0
+    for i, p in enumerate([*eos_probs, 1.0]):
+        out.append((tokens[:i], continued + math.log(p)))
+        continued += math.log1p(-p) if i < len(eos_probs) else 0.0
+    return out
+
+
+def penalized(log_prob: float, length: int, kind: str, alpha: float) -> float:
+    """decode.py's score; `length` counts EOS."""
+    return log_prob / {"gnmt": ((5 + length) / 6) ** alpha, "average": length**alpha, "none": 1.0}[kind]
+
+
+def ranked(hyps: list[tuple[list[int], float]], kind: str, alpha: float, min_len: int = 0) -> list[tuple[list, float]]:
+    """(tokens, score) of the hypotheses with at least min_len tokens, best first."""
+    scored = [(t, penalized(lp, len(t) + 1, kind, alpha)) for t, lp in hyps if len(t) >= min_len]
+    return sorted(scored, key=lambda h: h[1], reverse=True)
+
+
+def write_checkpoint(path, model: Transformer, tokenizer_dir, **decode) -> str:
+    """A checkpoint directory of `model` whose config.yaml has these decode settings (the rest: defaults)."""
+    cfg = Config(model=model.cfg, data=DataConfig(vocab_size=model.cfg.tgt_vocab_size), decode=DecodeConfig(**decode))
+    return str(write_checkpoint_dir(path, cfg, tokenizer_dir, model_state(model)))
+
+
+@pytest.fixture(scope="module")
+def vocab(toy_corpus, tmp_path_factory):
+    """(tokenizer, its directory, four target word ids in increasing order)."""
+    out = tmp_path_factory.mktemp("tokenizer")
+    lines = {name: toy_corpus[name].read_text(encoding="utf-8").splitlines() for name in ("train.src", "train.tgt")}
+    tokenizer = train_tokenizer(
+        lines["train.src"], lines["train.tgt"], out, DataConfig(vocab_size=120, shared_vocab=False)
+    )
+    words = [i for i in range(tokenizer.tgt_vocab_size) if len(p := tokenizer.tgt_pieces([i])[0]) >= 4 and p[0] == "▁"]
+    return tokenizer, out, words[:4]
+
+
+def src_lengths(tokenizer) -> list[int]:
+    """Source tokens of each of SOURCES, as max_len_a counts them (no EOS)."""
+    lengths = [len(ids) for ids in tokenizer.encode_src(SOURCES)]
+    assert len(set(lengths)) == len(lengths)
+    return lengths
+
+
+def cli(*args, input=None):
+    return subprocess.run([*NANOMT, *map(str, args)], capture_output=True, text=True, input=input, timeout=300)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The Translator follows the checkpoint's decode section.
+# ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+@pytest.mark.parametrize(("a", "b"), [(0.0, 3), (1.5, 0), (0.5, 2)])
+def test_max_len_a_and_b_come_from_the_config(vocab, tmp_path, beam_size, a, b):
+    # One word again and again, EOS never: every output is as long as the budget, int(a * src_len + b).
+    tokenizer, tokenizer_dir, words = vocab
+    model = table_model(tokenizer.tgt_vocab_size, {}, default={words[0]: 1.0})
+    ckpt = write_checkpoint(tmp_path / "ckpt", model, tokenizer_dir, beam_size=beam_size, max_len_a=a, max_len_b=b)
+    translator = Translator.from_checkpoint(ckpt)
+    budgets = [int(a * n + b) for n in src_lengths(tokenizer)]
+    assert budgets != [int(DEFAULTS.max_len_a * n + DEFAULTS.max_len_b) for n in src_lengths(tokenizer)]
+    assert [len(h[0].tokens) for h in translator.translate_hypotheses(SOURCES)] == budgets
+    assert translator.translate(SOURCES) == tokenizer.decode_tgt([[words[0]] * n for n in budgets])
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+@pytest.mark.parametrize("min_len", [0, 1, 2, 3])
+def test_min_len_comes_from_the_config(vocab, tmp_path, beam_size, min_len):
+    # EOS is the likeliest token after every prefix: the output is the shortest one min_len allows.
+    tokenizer, tokenizer_dir, words = vocab
+    model = table_model(tokenizer.tgt_vocab_size, chain(words[:3], [0.9, 0.9, 0.9]))
+    ckpt = write_checkpoint(tmp_path / "ckpt", model, tokenizer_dir, beam_size=beam_size, min_len=min_len)
+    translator = Translator.from_checkpoint(ckpt)
+    assert [h[0].tokens for h in translator.translate_hypotheses(SOURCES)] == [words[:min_len]] * len(SOURCES)
+    assert translator.translate(SOURCES) == tokenizer.decode_tgt([words[:min_len]] * len(SOURCES))
+
+
+# Four hypotheses ("", w0, w0 w1, w0 w1 w2) whose best under each setting below differs from the best under the
+# same setting with the kind or alpha put back to its default (gnmt, 1.0): a Translator that ignored either
+# would translate differently.
+CHAIN4 = [0.35, 0.5, 0.5]
+SETTINGS = [("gnmt", 1.0), ("none", 1.0), ("average", 1.0), ("gnmt", 3.0), ("average", 0.5)]
+
+
+@pytest.mark.parametrize(("kind", "alpha"), SETTINGS)
+def test_length_penalty_and_its_kind_come_from_the_config(vocab, tmp_path, kind, alpha):
+    tokenizer, tokenizer_dir, words = vocab
+    model = table_model(tokenizer.tgt_vocab_size, chain(words[:3], CHAIN4))
+    ckpt = write_checkpoint(
+        tmp_path / "ckpt", model, tokenizer_dir, beam_size=4, length_penalty=alpha, length_penalty_kind=kind
+    )
+    hyps = chain_hypotheses(words[:3], CHAIN4)
+    best, score = ranked(hyps, kind, alpha)[0]
+    one_ignored = {(DEFAULTS.length_penalty_kind, alpha), (kind, DEFAULTS.length_penalty)} - {(kind, alpha)}
+    assert any(ranked(hyps, *other)[0][0] != best for other in one_ignored) or not one_ignored
+    translator = Translator.from_checkpoint(ckpt)
+    assert translator.translate(SOURCES) == tokenizer.decode_tgt([best] * len(SOURCES))
+    for [(_, got)] in translator.translate_n_best(SOURCES, n_best=1):
+        assert got == pytest.approx(score, abs=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# `nanomt translate`: the same settings, --n-best rows as beam_search gives them, --int8.
+# ---------------------------------------------------------------------------------------------------------
+
+# Five hypotheses ("", w0, ..., w0 w1 w2 w3). Under the config below (min_len 1, average, alpha 0.5) the four
+# with at least one token come in an order that differs from the order under gnmt (kind ignored) and under
+# alpha 1.0 (alpha ignored); without min_len the empty one would be among them.
+CHAIN5 = [0.8, 0.2, 0.9, 0.3]
+CLI_DECODE = {"beam_size": 4, "min_len": 1, "length_penalty_kind": "average", "length_penalty": 0.5}
+
+
+def test_cli_n_best_rows_are_beam_search_hypotheses(vocab, tmp_path):
+    tokenizer, tokenizer_dir, words = vocab
+    model = table_model(tokenizer.tgt_vocab_size, chain(words, CHAIN5))
+    ckpt = write_checkpoint(tmp_path / "ckpt", model, tokenizer_dir, **CLI_DECODE)
+    res = cli("translate", ckpt, "--n-best", 4, input="\n".join(SOURCES[:2]) + "\n")
+    assert res.returncode == 0, res.stderr
+    rows = [line.split("\t") for line in res.stdout.splitlines()]
+
+    # The reference: beam_search with the config's settings spelled out, on the model as loaded.
+    loaded, _, _ = load_checkpoint(ckpt)
+    ids = tokenizer.encode_src(SOURCES[:2])
+    src = torch.full((2, max(map(len, ids)) + 1), PAD_ID)
+    for i, s in enumerate(ids):
+        src[i, : len(s) + 1] = torch.tensor([*s, EOS_ID])
+    expected = beam_search(
+        loaded,
+        src,
+        4,
+        max_len_fn(DEFAULTS.max_len_a, DEFAULTS.max_len_b),
+        min_len=1,
+        length_penalty=0.5,
+        length_penalty_kind="average",
+        n_best=4,
+    )
+    assert rows == [
+        [str(i), f"{h.score:.4f}", tokenizer.decode_tgt([h.tokens])[0]] for i, hyps in enumerate(expected) for h in hyps
+    ]
+
+    # ... and the known hypotheses of the table, in the order the config's settings give.
+    hyps = chain_hypotheses(words, CHAIN5)
+    best = ranked(hyps, "average", 0.5, min_len=1)
+    for other in (ranked(hyps, "gnmt", 0.5, 1), ranked(hyps, "average", 1.0, 1), ranked(hyps, "average", 0.5)):
+        assert [t for t, _ in other[:4]] != [t for t, _ in best]
+    for i in range(2):
+        assert [r[2] for r in rows[4 * i : 4 * i + 4]] == tokenizer.decode_tgt([t for t, _ in best])
+        assert [float(r[1]) for r in rows[4 * i : 4 * i + 4]] == pytest.approx([s for _, s in best], abs=6e-5)
+
+
+def test_cli_int8_decodes_with_the_int8_model_and_max_len_from_the_config(vocab, tmp_path):
+    # Two words tie in int8 but not in float32: the later id is ahead by 0.01 in float32, and both rows of the
+    # output projection share their largest weight (10, in a column no token selects), so that both get the
+    # same int8 scale and 0.01 rounds to 0. Tied logits pick the lower id, so float32 and int8 repeat different
+    # words, each for the config's budget (EOS is never likely).
+    tokenizer, tokenizer_dir, words = vocab
+    low, high = words[:2]
+    model = table_model(tokenizer.tgt_vocab_size, {}, default={low: 0.5, high: 0.5})
+    with torch.no_grad():
+        model.output.weight[low, 0] = 0.0
+        model.output.weight[high, 0] = 0.01
+        model.output.weight[[low, high], 1] = 10.0
+    a, b = 0.5, 2
+    ckpt = write_checkpoint(tmp_path / "ckpt", model, tokenizer_dir, beam_size=1, max_len_a=a, max_len_b=b)
+    budgets = [int(a * n + b) for n in src_lengths(tokenizer)]
+    want_float = tokenizer.decode_tgt([[high] * n for n in budgets])
+    want_int8 = tokenizer.decode_tgt([[low] * n for n in budgets])
+    assert all(f != q for f, q in zip(want_float, want_int8))
+
+    assert Translator.from_checkpoint(ckpt).translate(SOURCES) == want_float
+    assert Translator.from_checkpoint(ckpt, int8=True).translate(SOURCES) == want_int8
+    res = cli("translate", ckpt, "--int8", input="\n".join(SOURCES) + "\n")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == want_int8
