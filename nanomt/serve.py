@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
-from pydantic import BaseModel, Field, StrictInt, StrictStr, field_validator
+from pydantic import BaseModel, BeforeValidator, Field, StrictInt, StrictStr, field_validator
+from pydantic_core import PydanticCustomError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from nanomt.translate import Translator
@@ -18,12 +21,30 @@ from nanomt.translate import Translator
 PAGE = Path(__file__).parent / "static" / "index.html"
 MAX_BEAM = 16
 BeamSize = StrictInt  # strict: `true` or "5" are type errors, not beam sizes
+SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _no_lone_surrogate(text):
+    """JSON may escape half a UTF-16 surrogate pair ("\\ud800"): no character, and nothing can encode it."""
+    bad = SURROGATE.search(text) if isinstance(text, str) else None
+    if bad:
+        raise PydanticCustomError(
+            "lone_surrogate",
+            "a lone surrogate {escape} at character {at}, which is no character (escape a character beyond U+FFFF "
+            "as a surrogate pair, or send it as UTF-8)",
+            {"escape": ascii(bad.group())[1:-1], "at": bad.start()},
+        )
+    return text
+
+
+# Before the str check, which would otherwise reject some of them with a message that does not say why.
+Text = Annotated[StrictStr, BeforeValidator(_no_lone_surrogate)]
 
 
 class TranslateRequest(BaseModel):
     """Sentences to translate; one string is taken as a list of one."""
 
-    text: list[StrictStr] = Field(min_length=1, description="sentences (a single string is accepted)")
+    text: list[Text] = Field(min_length=1, description="sentences (a single string is accepted)")
     beam_size: BeamSize | None = Field(default=None, ge=1, le=MAX_BEAM, description="default: the server's")
 
     @field_validator("text", mode="before")
@@ -42,7 +63,7 @@ class TranslateResponse(BaseModel):
 class AttentionRequest(BaseModel):
     """One sentence whose translation and cross-attention to return."""
 
-    text: StrictStr = Field(min_length=1)
+    text: Text = Field(min_length=1)
     beam_size: BeamSize | None = Field(default=None, ge=1, le=MAX_BEAM)
 
 
@@ -101,7 +122,7 @@ def _model_info(translator: Translator) -> dict:
 
 
 def _add_error_handlers(app: FastAPI) -> None:
-    """Every 4xx comes back as {"error", "detail"}; malformed JSON is a 400 and a body that is not JSON a 415."""
+    """Every error comes back as {"error", "detail"}; malformed JSON or text is a 400, a body that is not JSON a 415."""
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -112,11 +133,19 @@ def _add_error_handlers(app: FastAPI) -> None:
         if bad_json:
             at = bad_json[0]["loc"][-1]  # FastAPI puts the character offset of the syntax error last
             return _error(400, f"malformed JSON: {bad_json[0]['msg']} at character {at}", errors)
+        bad_text = [e for e in errors if e.get("type") == "lone_surrogate"]
+        if bad_text:
+            return _error(400, "invalid text: " + _describe(bad_text), errors)
         return _error(422, "invalid request: " + _describe(errors), errors)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         return _error(exc.status_code, str(exc.detail), headers=exc.headers)  # keeps e.g. a 405's Allow header
+
+    @app.exception_handler(Exception)
+    async def server_error(request: Request, exc: Exception) -> JSONResponse:
+        # Starlette still re-raises the exception afterwards, so the server logs its traceback.
+        return _error(500, f"internal server error: {type(exc).__name__}")
 
 
 def _add_body_limit(app: FastAPI, max_bytes: int) -> None:

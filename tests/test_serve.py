@@ -138,6 +138,11 @@ BAD_REQUESTS = [
     ("/attention", {"text": ""}, 422, "text"),
     ("/attention", {"text": "a" * 301}, 413, "301 characters"),
     ("/attention", {"text": "a", "beam_size": 99}, 422, "beam_size"),
+    # JSON's \u escapes can spell half of a UTF-16 surrogate pair, which is no character at all.
+    ("/translate", rb'{"text": ["\ud800"]}', 400, "text.0: a lone surrogate \\ud800"),
+    ("/translate", rb'{"text": ["ok", "la \udc00"]}', 400, "text.1: a lone surrogate \\udc00"),
+    ("/translate", rb'{"text": "\ud800\ud800\udc00"}', 400, "lone surrogate"),
+    ("/attention", rb'{"text": "la \udfff nuka"}', 400, "text: a lone surrogate \\udfff"),
 ]
 
 
@@ -151,6 +156,14 @@ def test_bad_input_is_a_4xx_json_error_and_the_server_goes_on(client, sentences,
     error = res.json()
     assert isinstance(error["error"], str) and message in error["error"]
     assert client.post(path, json={"text": sentences[0]}).status_code == 200
+
+
+def test_a_surrogate_pair_is_one_character(client, translator):
+    res = client.post(
+        "/translate", content=rb'{"text": ["\ud83d\ude00 la"]}', headers={"content-type": "application/json"}
+    )
+    assert res.status_code == 200, res.text
+    assert res.json()["translations"] == translator.translate(["\U0001f600 la"], beam_size=2)
 
 
 def test_default_limits_wrong_method_and_content_type(translator):
@@ -226,6 +239,21 @@ def test_health_answers_while_the_model_is_busy(translator, sentences):
         finally:
             gated.gate.set()
         assert busy.result(timeout=120).json()["translations"] == translator.translate([sentences[0]], beam_size=1)
+
+
+class BrokenTranslator(CountingTranslator):
+    """A translator whose model fails."""
+
+    def translate(self, sentences, **kwargs):
+        raise RuntimeError("the model failed")
+
+
+def test_an_unexpected_failure_is_a_500_json_error(translator):
+    with TestClient(create_app(BrokenTranslator(translator)), raise_server_exceptions=False) as c:
+        res = c.post("/translate", json={"text": "a"})
+        assert res.status_code == 500
+        assert res.json() == {"error": "internal server error: RuntimeError", "detail": None}
+        assert c.get("/health").status_code == 200
 
 
 def free_port() -> int:
