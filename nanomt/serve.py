@@ -12,7 +12,16 @@ import numpy as np
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
-from pydantic import BaseModel, BeforeValidator, Field, StrictInt, StrictStr, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    Field,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -22,6 +31,7 @@ PAGE = Path(__file__).parent / "static" / "index.html"
 MAX_BEAM = 16
 BeamSize = StrictInt  # strict: `true` or "5" are type errors, not beam sizes
 SURROGATE = re.compile("[\ud800-\udfff]")
+SAMPLING = ("temperature", "top_k", "top_p")
 
 
 def _no_lone_surrogate(text):
@@ -42,15 +52,43 @@ Text = Annotated[StrictStr, BeforeValidator(_no_lone_surrogate)]
 
 
 class TranslateRequest(BaseModel):
-    """Sentences to translate; one string is taken as a list of one."""
+    """Sentences to translate; one string is taken as a list of one. Any sampling setting samples instead."""
 
     text: list[Text] = Field(min_length=1, description="sentences (a single string is accepted)")
     beam_size: BeamSize | None = Field(default=None, ge=1, le=MAX_BEAM, description="default: the server's")
+    temperature: StrictFloat | None = Field(
+        default=None, gt=0, allow_inf_nan=False, description="sample at this temperature (default 1 when sampling)"
+    )
+    top_k: StrictInt | None = Field(default=None, ge=0, description="sample from the k likeliest tokens (0: all)")
+    top_p: StrictFloat | None = Field(default=None, gt=0, le=1, description="nucleus sampling (1: off)")
+    seed: StrictInt | None = Field(
+        default=None, ge=0, lt=2**64, description="makes sampling reproducible (default: a fresh draw)"
+    )
 
     @field_validator("text", mode="before")
     @classmethod
     def _one_string_is_a_list(cls, v):
         return [v] if isinstance(v, str) else v
+
+    @model_validator(mode="after")
+    def _sampling_or_beam(self):
+        if not self.sampling():
+            if self.seed is not None:
+                raise PydanticCustomError(
+                    "seed_without_sampling", "seed applies to sampling: set temperature, top_k or top_p too"
+                )
+        elif self.beam_size not in (None, 1):
+            raise PydanticCustomError(
+                "beam_with_sampling", "beam_size: sampling draws one translation, so beam_size must be 1 or left out"
+            )
+        return self
+
+    def sampling(self) -> dict | None:
+        """The keyword arguments of decode.sample, or None to search (greedy or beam)."""
+        if all(getattr(self, k) is None for k in SAMPLING):
+            return None
+        settings = {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "seed": self.seed}
+        return {k: v for k, v in settings.items() if v is not None}
 
 
 class TranslateResponse(BaseModel):
@@ -180,12 +218,12 @@ def create_app(
     # Plain `def` endpoints run in FastAPI's threadpool, so the event loop (and /health) stays free while decoding.
     @app.post("/translate", response_model=TranslateResponse)
     def translate(req: TranslateRequest) -> TranslateResponse:
-        """Translate a list of sentences (or one string)."""
+        """Translate a list of sentences (or one string), by beam search or, given a sampling setting, by sampling."""
         _check_size(req.text, max_sentences, max_chars)
         beam = req.beam_size or default_beam
         with lock:
             start = time.perf_counter()
-            out = translator.translate(req.text, beam_size=beam, max_tokens=max_batch_tokens)
+            out = translator.translate(req.text, beam_size=beam, max_tokens=max_batch_tokens, sampling=req.sampling())
             seconds = time.perf_counter() - start
         return TranslateResponse(translations=out, seconds=round(seconds, 4))
 

@@ -143,6 +143,23 @@ BAD_REQUESTS = [
     ("/translate", rb'{"text": ["ok", "la \udc00"]}', 400, "text.1: a lone surrogate \\udc00"),
     ("/translate", rb'{"text": "\ud800\ud800\udc00"}', 400, "lone surrogate"),
     ("/attention", rb'{"text": "la \udfff nuka"}', 400, "text: a lone surrogate \\udfff"),
+    ("/translate", {"text": ["a"], "temperature": 0}, 422, "temperature"),
+    ("/translate", {"text": ["a"], "temperature": -1.0}, 422, "temperature"),
+    ("/translate", {"text": ["a"], "temperature": "0.5"}, 422, "temperature"),
+    ("/translate", {"text": ["a"], "temperature": True}, 422, "temperature"),
+    ("/translate", b'{"text": ["a"], "temperature": NaN}', 422, "temperature"),
+    ("/translate", b'{"text": ["a"], "temperature": Infinity}', 422, "temperature"),
+    ("/translate", {"text": ["a"], "top_k": -1}, 422, "top_k"),
+    ("/translate", {"text": ["a"], "top_k": 2.5}, 422, "top_k"),
+    ("/translate", {"text": ["a"], "top_k": "5"}, 422, "top_k"),
+    ("/translate", {"text": ["a"], "top_p": 0}, 422, "top_p"),
+    ("/translate", {"text": ["a"], "top_p": 1.01}, 422, "top_p"),
+    ("/translate", {"text": ["a"], "top_p": -0.5}, 422, "top_p"),
+    ("/translate", {"text": ["a"], "temperature": 1.0, "seed": -1}, 422, "seed"),
+    ("/translate", {"text": ["a"], "temperature": 1.0, "seed": 2**64}, 422, "seed"),
+    ("/translate", {"text": ["a"], "temperature": 1.0, "seed": "7"}, 422, "seed"),
+    ("/translate", {"text": ["a"], "seed": 7}, 422, "seed applies to sampling"),
+    ("/translate", {"text": ["a"], "top_k": 5, "beam_size": 2}, 422, "beam_size"),
 ]
 
 
@@ -164,6 +181,24 @@ def test_a_surrogate_pair_is_one_character(client, translator):
     )
     assert res.status_code == 200, res.text
     assert res.json()["translations"] == translator.translate(["\U0001f600 la"], beam_size=2)
+
+
+def test_sampling_equals_the_translators(client, translator, sentences):
+    settings = {"temperature": 1.5, "top_k": 8, "top_p": 0.9, "seed": 3}
+    res = client.post("/translate", json={"text": sentences[:4], **settings})
+    assert res.status_code == 200, res.text
+    assert res.json()["translations"] == translator.translate(sentences[:4], sampling=settings)
+    # Each setting reaches the sampler: the seed, and top_k alone (temperature 1, no top-p).
+    other = translator.translate(sentences[:4], sampling={**settings, "seed": 4})
+    assert other != res.json()["translations"]
+    assert (
+        client.post("/translate", json={"text": sentences[:4], **settings, "seed": 4}).json()["translations"] == other
+    )
+    res = client.post("/translate", json={"text": sentences[:4], "top_k": 1, "beam_size": 1})
+    assert res.json()["translations"] == translator.translate(sentences[:4], sampling={"top_k": 1, "seed": 0})
+    assert res.json()["translations"] == translator.translate(sentences[:4], beam_size=1)  # top-1 sampling is greedy
+    # Without a seed every request draws afresh (and still translates every sentence).
+    assert len(client.post("/translate", json={"text": sentences[:4], "temperature": 0.5}).json()["translations"]) == 4
 
 
 def test_default_limits_wrong_method_and_content_type(translator):
