@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
-from pydantic import BaseModel, Field, StrictInt, StrictStr, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    Field,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from nanomt.translate import Translator
@@ -18,18 +30,65 @@ from nanomt.translate import Translator
 PAGE = Path(__file__).parent / "static" / "index.html"
 MAX_BEAM = 16
 BeamSize = StrictInt  # strict: `true` or "5" are type errors, not beam sizes
+SURROGATE = re.compile("[\ud800-\udfff]")
+SAMPLING = ("temperature", "top_k", "top_p")
+
+
+def _no_lone_surrogate(text):
+    """JSON may escape half a UTF-16 surrogate pair ("\\ud800"): no character, and nothing can encode it."""
+    bad = SURROGATE.search(text) if isinstance(text, str) else None
+    if bad:
+        raise PydanticCustomError(
+            "lone_surrogate",
+            "a lone surrogate {escape} at character {at}, which is no character (escape a character beyond U+FFFF "
+            "as a surrogate pair, or send it as UTF-8)",
+            {"escape": ascii(bad.group())[1:-1], "at": bad.start()},
+        )
+    return text
+
+
+# Before the str check, which would otherwise reject some of them with a message that does not say why.
+Text = Annotated[StrictStr, BeforeValidator(_no_lone_surrogate)]
 
 
 class TranslateRequest(BaseModel):
-    """Sentences to translate; one string is taken as a list of one."""
+    """Sentences to translate; one string is taken as a list of one. Any sampling setting samples instead."""
 
-    text: list[StrictStr] = Field(min_length=1, description="sentences (a single string is accepted)")
+    text: list[Text] = Field(min_length=1, description="sentences (a single string is accepted)")
     beam_size: BeamSize | None = Field(default=None, ge=1, le=MAX_BEAM, description="default: the server's")
+    temperature: StrictFloat | None = Field(
+        default=None, gt=0, allow_inf_nan=False, description="sample at this temperature (default 1 when sampling)"
+    )
+    top_k: StrictInt | None = Field(default=None, ge=0, description="sample from the k likeliest tokens (0: all)")
+    top_p: StrictFloat | None = Field(default=None, gt=0, le=1, description="nucleus sampling (1: off)")
+    seed: StrictInt | None = Field(
+        default=None, ge=0, lt=2**64, description="makes sampling reproducible (default: a fresh draw)"
+    )
 
     @field_validator("text", mode="before")
     @classmethod
     def _one_string_is_a_list(cls, v):
         return [v] if isinstance(v, str) else v
+
+    @model_validator(mode="after")
+    def _sampling_or_beam(self):
+        if not self.sampling():
+            if self.seed is not None:
+                raise PydanticCustomError(
+                    "seed_without_sampling", "seed applies to sampling: set temperature, top_k or top_p too"
+                )
+        elif self.beam_size not in (None, 1):
+            raise PydanticCustomError(
+                "beam_with_sampling", "beam_size: sampling draws one translation, so beam_size must be 1 or left out"
+            )
+        return self
+
+    def sampling(self) -> dict | None:
+        """The keyword arguments of decode.sample, or None to search (greedy or beam)."""
+        if all(getattr(self, k) is None for k in SAMPLING):
+            return None
+        settings = {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "seed": self.seed}
+        return {k: v for k, v in settings.items() if v is not None}
 
 
 class TranslateResponse(BaseModel):
@@ -42,7 +101,7 @@ class TranslateResponse(BaseModel):
 class AttentionRequest(BaseModel):
     """One sentence whose translation and cross-attention to return."""
 
-    text: StrictStr = Field(min_length=1)
+    text: Text = Field(min_length=1)
     beam_size: BeamSize | None = Field(default=None, ge=1, le=MAX_BEAM)
 
 
@@ -101,7 +160,7 @@ def _model_info(translator: Translator) -> dict:
 
 
 def _add_error_handlers(app: FastAPI) -> None:
-    """Every 4xx comes back as {"error", "detail"}; malformed JSON is a 400 and a body that is not JSON a 415."""
+    """Every error comes back as {"error", "detail"}; malformed JSON or text is a 400, a body that is not JSON a 415."""
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -112,11 +171,19 @@ def _add_error_handlers(app: FastAPI) -> None:
         if bad_json:
             at = bad_json[0]["loc"][-1]  # FastAPI puts the character offset of the syntax error last
             return _error(400, f"malformed JSON: {bad_json[0]['msg']} at character {at}", errors)
+        bad_text = [e for e in errors if e.get("type") == "lone_surrogate"]
+        if bad_text:
+            return _error(400, "invalid text: " + _describe(bad_text), errors)
         return _error(422, "invalid request: " + _describe(errors), errors)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         return _error(exc.status_code, str(exc.detail), headers=exc.headers)  # keeps e.g. a 405's Allow header
+
+    @app.exception_handler(Exception)
+    async def server_error(request: Request, exc: Exception) -> JSONResponse:
+        # Starlette still re-raises the exception afterwards, so the server logs its traceback.
+        return _error(500, f"internal server error: {type(exc).__name__}")
 
 
 def _add_body_limit(app: FastAPI, max_bytes: int) -> None:
@@ -151,12 +218,12 @@ def create_app(
     # Plain `def` endpoints run in FastAPI's threadpool, so the event loop (and /health) stays free while decoding.
     @app.post("/translate", response_model=TranslateResponse)
     def translate(req: TranslateRequest) -> TranslateResponse:
-        """Translate a list of sentences (or one string)."""
+        """Translate a list of sentences (or one string), by beam search or, given a sampling setting, by sampling."""
         _check_size(req.text, max_sentences, max_chars)
         beam = req.beam_size or default_beam
         with lock:
             start = time.perf_counter()
-            out = translator.translate(req.text, beam_size=beam, max_tokens=max_batch_tokens)
+            out = translator.translate(req.text, beam_size=beam, max_tokens=max_batch_tokens, sampling=req.sampling())
             seconds = time.perf_counter() - start
         return TranslateResponse(translations=out, seconds=round(seconds, 4))
 
