@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 import random
 import re
 import shutil
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from nanomt.config import Config, ConfigError, load_config, save_config
@@ -25,6 +27,10 @@ CONFIG = "config.yaml"
 TOKENIZER = "tokenizer"
 TRAINER_STATE = "trainer.pt"
 STEP_DIR = re.compile(r"^step_(\d+)$")
+# Metadata key of model.safetensors: the tokenizer the weights were trained with (absent in older files).
+FINGERPRINT = "tokenizer_fingerprint"
+
+log = logging.getLogger("nanomt")
 
 
 class CheckpointError(ValueError):
@@ -49,13 +55,42 @@ def model_state(model: Transformer) -> dict[str, torch.Tensor]:
     return state
 
 
-def save_weights(model_or_state: Transformer | dict[str, torch.Tensor], path: str | Path) -> None:
-    """Write weights as safetensors through a temporary file."""
+def save_weights(
+    model_or_state: Transformer | dict[str, torch.Tensor], path: str | Path, tokenizer_fingerprint: str | None = None
+) -> None:
+    """Write weights as safetensors through a temporary file, with the fingerprint of their tokenizer."""
     state = model_or_state if isinstance(model_or_state, dict) else model_state(model_or_state)
     path = Path(path)
+    if tokenizer_fingerprint is None:  # the tokenizer of the checkpoint the file is written into, if any
+        tokenizer_fingerprint = _checkpoint_fingerprint(path.parent)
     tmp = path.with_name(path.name + ".tmp")
-    save_file(state, str(tmp))
+    # safetensors writes its file 0600; a file made here gets the umask's mode, like the run's other files.
+    tmp.unlink(missing_ok=True)
+    tmp.touch()
+    mode = stat.S_IMODE(tmp.stat().st_mode)
+    save_file(state, str(tmp), metadata={FINGERPRINT: tokenizer_fingerprint} if tokenizer_fingerprint else None)
+    os.chmod(tmp, mode)
     _atomic_replace(tmp, path)
+
+
+def _checkpoint_fingerprint(directory: Path) -> str | None:
+    """Fingerprint of the tokenizer that load_checkpoint would pair with weights in `directory`, if it has one."""
+    try:
+        return Tokenizer.load(find_run_files(directory)[1]).fingerprint()
+    except (CheckpointError, FileNotFoundError, ValueError):
+        return None
+
+
+def weights_fingerprint(path: str | Path) -> str | None:
+    """The tokenizer fingerprint stored with safetensors weights (None for files written before it was)."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"weights file not found: {path}")
+    try:
+        with safe_open(str(path), "pt") as f:
+            return (f.metadata() or {}).get(FINGERPRINT)
+    except (SafetensorError, OSError) as e:
+        raise CheckpointError(f"{path}: cannot read weights: {e}") from None
 
 
 def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
@@ -100,9 +135,23 @@ def find_run_files(path: str | Path) -> tuple[Path, Path]:
     raise CheckpointError(f"{path}: not a checkpoint (needs {CONFIG}, {TOKENIZER}/ and {WEIGHTS})")
 
 
+def checkpoint_weights(path: str | Path) -> Path:
+    """A checkpoint's weights file; a run stopped before its first evaluation falls back on its newest step_N."""
+    path = Path(path)
+    if (path / WEIGHTS).is_file():
+        return path / WEIGHTS
+    steps = step_dirs(path)
+    if not steps:
+        raise CheckpointError(f"{path}: no {WEIGHTS}, and no checkpoints/step_N/ to fall back on")
+    newest = steps[-1][1] / WEIGHTS
+    log.warning("%s has no %s (the run stopped before its first evaluation): loading %s", path, WEIGHTS, newest)
+    return newest
+
+
 def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> tuple[Transformer, Config, Tokenizer]:
     """Model (eval mode), config and tokenizer from any checkpoint directory."""
     config_path, tokenizer_dir = find_run_files(path)
+    weights = checkpoint_weights(path)
     try:
         cfg = load_config(config_path)
     except ConfigError as e:
@@ -116,8 +165,15 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> tup
             f"{path}: tokenizer vocabulary ({tokenizer.src_vocab_size}/{tokenizer.tgt_vocab_size}) does not match "
             f"the model ({cfg.model.src_vocab_size}/{cfg.model.tgt_vocab_size})"
         )
+    # Equal sizes are not enough: another run's tokenizer of the same size turns the model's output into nonsense.
+    stored, actual = weights_fingerprint(weights), tokenizer.fingerprint()
+    if stored is not None and stored != actual:
+        raise CheckpointError(
+            f"{weights} was trained with tokenizer {stored[:12]}, but {tokenizer_dir} holds tokenizer {actual[:12]} "
+            "(a tokenizer from another run?)"
+        )
     model = Transformer(cfg.model)
-    load_weights(model, Path(path) / WEIGHTS)
+    load_weights(model, weights)
     return model.to(device).eval(), cfg, tokenizer
 
 
@@ -128,7 +184,7 @@ def write_checkpoint_dir(out: str | Path, cfg: Config, tokenizer_dir: Path, stat
     save_config(cfg, out / CONFIG)
     if (out / TOKENIZER).resolve() != tokenizer_dir.resolve():
         shutil.copytree(tokenizer_dir, out / TOKENIZER, dirs_exist_ok=True)
-    save_weights(state, out / WEIGHTS)
+    save_weights(state, out / WEIGHTS, Tokenizer.load(out / TOKENIZER).fingerprint())
     return out
 
 

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.metadata
 import json
 import logging
+import os
+import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TextIO
 
 from nanomt.config import ConfigError
 
@@ -20,39 +26,103 @@ def cmd_train(args: argparse.Namespace) -> None:
     print(f"run directory: {run_dir}")
 
 
-def _open_out(path: str | None):
-    return open(path, "w", encoding="utf-8") if path else sys.stdout
+def check_device(device: str) -> None:
+    """Refuse a device this PyTorch build or machine lacks, in one line, before anything is loaded onto it."""
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"--device {device}: not a device name (cpu, cuda, cuda:N, mps)") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {device}: CUDA is not available (a CPU-only PyTorch build, or no GPU visible)")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) are visible")
+    elif dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"--device {device}: MPS is not available on this machine")
+
+
+@contextlib.contextmanager
+def _output(path: str | None) -> Iterator[TextIO]:
+    """stdout, or a file replaced only once every line is written: a failure or Ctrl-C leaves its old contents."""
+    if not path:
+        yield sys.stdout
+        return
+    final = Path(os.path.realpath(path))  # through a symlink to the file it names
+    if final.exists() and not final.is_file():  # /dev/stdout, a named pipe: nothing to replace
+        with open(final, "w", encoding="utf-8") as f:
+            yield f
+        return
+    tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")  # same directory, so the rename is atomic
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            yield f
+        if final.exists():
+            shutil.copymode(final, tmp)
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def sampling_options(args: argparse.Namespace) -> dict | None:
+    """Translator's sampling settings from --sampling and its options; None for beam search."""
+    options = {
+        "--sampling-topk": ("top_k", args.sampling_topk),
+        "--sampling-topp": ("top_p", args.sampling_topp),
+        "--temperature": ("temperature", args.temperature),
+        "--seed": ("seed", args.seed),
+    }
+    given = [flag for flag, (_, value) in options.items() if value is not None]
+    if not args.sampling:
+        if given:
+            raise ValueError(f"{', '.join(given)} only apply with --sampling")
+        return None
+    if args.beam is not None or args.n_best > 1:
+        raise ValueError("--beam and --n-best are beam search's; they do not combine with --sampling")
+    return {key: value for key, value in options.values() if value is not None}
+
+
+def _write_translations(out: TextIO, translator, lines: list[str], n_best: int, first: int, **kwargs) -> None:
+    if n_best > 1:
+        # K lines per input sentence: index, score, translation (tab-separated), best first.
+        for i, hyps in enumerate(translator.translate_n_best(lines, n_best, **kwargs), first):
+            for text, score in hyps:
+                out.write(f"{i}\t{score:.4f}\t{text}\n")
+    else:
+        for text in translator.translate(lines, **kwargs):
+            out.write(text + "\n")
 
 
 def cmd_translate(args: argparse.Namespace) -> None:
-    from nanomt.data import read_lines
+    from nanomt.data import read_lines, stream_lines
     from nanomt.translate import Translator
 
+    sampling = sampling_options(args)
+    check_device(args.device)
     translator = Translator.from_checkpoints(args.checkpoints, device=args.device, int8=args.int8)
-    lines = read_lines(args.input) if args.input else [line.rstrip("\r\n") for line in sys.stdin]
-    progress = bool(args.input) and sys.stderr.isatty()
-    kwargs = {"beam_size": args.beam, "max_tokens": args.max_tokens, "progress": progress}
+    kwargs = {"beam_size": args.beam, "max_tokens": args.max_tokens}
     if args.length_penalty is not None:
         kwargs["length_penalty"] = args.length_penalty
-    out = _open_out(args.output)
-    try:
-        if args.n_best > 1:
-            # K lines per input sentence: index, score, translation (tab-separated), best first.
-            for i, hyps in enumerate(translator.translate_n_best(lines, args.n_best, **kwargs)):
-                for text, score in hyps:
-                    out.write(f"{i}\t{score:.4f}\t{text}\n")
+    if sampling is not None:
+        kwargs["sampling"] = sampling
+    with _output(args.output) as out:
+        if not args.input and sys.stdin.isatty():
+            # A person typing: each line is translated as soon as it is entered, not at the end of the input.
+            for i, line in enumerate(stream_lines(sys.stdin.buffer)):
+                _write_translations(out, translator, [line], args.n_best, i, **kwargs)
+                out.flush()
         else:
-            for text in translator.translate(lines, **kwargs):
-                out.write(text + "\n")
-    finally:
-        if out is not sys.stdout:
-            out.close()
+            lines = read_lines(args.input) if args.input else list(stream_lines(sys.stdin.buffer))
+            progress = sys.stderr.isatty()
+            _write_translations(out, translator, lines, args.n_best, 0, progress=progress, **kwargs)
 
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
     from nanomt.evaluate import evaluate
     from nanomt.translate import Translator
 
+    check_device(args.device)
     translator = Translator.from_checkpoints(args.checkpoints, device=args.device, int8=args.int8)
     report = evaluate(
         translator,
@@ -105,6 +175,7 @@ def plot_attention_cmd(args: argparse.Namespace) -> Path:
     from nanomt import plots
     from nanomt.translate import Translator
 
+    check_device(args.device)
     translator = Translator.from_checkpoint(args.checkpoint, device=args.device)
     att = translator.attention(args.sentence, beam_size=args.beam)
     layers = getattr(att, args.kind)
@@ -134,7 +205,11 @@ def cmd_synth(args: argparse.Namespace) -> None:
     from nanomt.synthetic import write_corpus
 
     paths = write_corpus(args.out_dir, pairs=args.pairs, seed=args.seed)
-    print("\n".join(str(p) for p in paths.values()))
+    for split in ("train", "valid", "test"):
+        src, tgt = paths[f"{split}.src"], paths[f"{split}.tgt"]
+        with open(src, "rb") as f:
+            pairs = sum(1 for _ in f)
+        print(f"{split}: {pairs} pairs in {src} and {tgt}")
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
@@ -144,6 +219,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
+    check_device(args.device)
     try:
         from nanomt.serve import serve
     except ImportError as e:  # fastapi and uvicorn are an optional extra
@@ -168,11 +244,24 @@ INT8_HELP = (
     "int8 linear layers (CPU only): faster decoding for a small BLEU cost (README, Speed); a sentence's output "
     "may then depend slightly on the sentences batched with it"
 )
+DEVICE_HELP = "where the model runs: cpu (default), cuda, cuda:N or mps"
+CHECKPOINT_HELP = "checkpoint directory: a run dir, one of its checkpoints/step_N, or an averaged one"
+
+
+def package_version() -> str:
+    """The installed distribution's version, or the package's own when run from a source tree."""
+    try:
+        return importlib.metadata.version("nanomt")
+    except importlib.metadata.PackageNotFoundError:
+        import nanomt
+
+        return getattr(nanomt, "__version__", "unknown")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nanomt", description="The original Transformer for machine translation.")
-    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging, and tracebacks instead of errors")
+    p.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     s = sub.add_parser("train", help="train (or resume) a model from a YAML config")
@@ -181,59 +270,101 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override a config key")
     s.set_defaults(func=cmd_train)
 
-    s = sub.add_parser("translate", help="translate one sentence a line (stdin to stdout by default)")
+    s = sub.add_parser(
+        "translate",
+        help="translate one sentence a line (stdin to stdout by default; line by line when typed at a terminal)",
+    )
     s.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT", help=ENSEMBLE_HELP)
     s.add_argument("--input", "-i", help="input file (default stdin)")
-    s.add_argument("--output", "-o", help="output file (default stdout)")
+    s.add_argument("--output", "-o", help="output file (default stdout), replaced only once every line is translated")
     s.add_argument("--beam", type=int, default=None, help="beam size (default: the checkpoint's decode.beam_size)")
     s.add_argument("--n-best", type=int, default=1, help="print the K best: 'index<TAB>score<TAB>text' lines")
-    s.add_argument("--length-penalty", type=float, default=None)
+    s.add_argument(
+        "--length-penalty", type=float, default=None, help="beam search's length penalty (default: the checkpoint's)"
+    )
     s.add_argument("--max-tokens", type=int, default=None, help="source tokens per batch")
-    s.add_argument("--device", default="cpu")
+    s.add_argument(
+        "--sampling",
+        action="store_true",
+        help="sample each translation from the model's distribution instead of beam search (as fairseq's --sampling)",
+    )
+    s.add_argument(
+        "--sampling-topk",
+        type=int,
+        default=None,
+        metavar="K",
+        help="with --sampling: draw from the K likeliest tokens only (default 0: all)",
+    )
+    s.add_argument(
+        "--sampling-topp",
+        type=float,
+        default=None,
+        metavar="P",
+        help="with --sampling: nucleus sampling, from the likeliest tokens that hold probability P (default 1.0: all)",
+    )
+    s.add_argument(
+        "--temperature",
+        type=float,
+        default=None,
+        metavar="T",
+        help="with --sampling: divide the logits by T; below 1 is closer to greedy, above 1 more varied (default 1.0)",
+    )
+    s.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="with --sampling: random seed, for samples a rerun repeats (default: different each run)",
+    )
+    s.add_argument("--device", default="cpu", help=DEVICE_HELP)
     s.add_argument("--int8", action="store_true", help=INT8_HELP)
     s.set_defaults(func=cmd_translate)
 
     s = sub.add_parser("evaluate", help="sacreBLEU BLEU and chrF of a checkpoint on a test set")
     s.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT", help=ENSEMBLE_HELP)
-    s.add_argument("--src", required=True)
-    s.add_argument("--ref", required=True)
-    s.add_argument("--beam", type=int, default=None)
+    s.add_argument("--src", required=True, help="source sentences, one a line")
+    s.add_argument("--ref", required=True, help="reference translations, line-aligned with --src")
+    s.add_argument("--beam", type=int, default=None, help="beam size (default: the checkpoint's decode.beam_size)")
     s.add_argument("--save-hyp", help="write the translations to this file")
     s.add_argument("--json", action="store_true", help="print one JSON object")
-    s.add_argument("--device", default="cpu")
+    s.add_argument("--device", default="cpu", help=DEVICE_HELP)
     s.add_argument("--int8", action="store_true", help=INT8_HELP)
     s.set_defaults(func=cmd_evaluate)
 
     s = sub.add_parser("average", help="average checkpoints into a complete checkpoint directory")
     s.add_argument("checkpoints", nargs="+", help="checkpoint dirs, or one run dir with --last N")
     s.add_argument("--last", type=int, default=0, help="average the last N checkpoints of a run dir")
-    s.add_argument("--out", required=True)
+    s.add_argument("--out", required=True, help="directory to write the averaged checkpoint to")
     s.set_defaults(func=cmd_average)
 
     s = sub.add_parser("plot", help="attention heatmaps, positional-encoding curves, training curves")
     plot_sub = s.add_subparsers(dest="what", required=True, metavar="WHAT")
     a = plot_sub.add_parser("attention", help="attention heatmaps of one sentence")
-    a.add_argument("checkpoint")
-    a.add_argument("sentence")
+    a.add_argument("checkpoint", help=CHECKPOINT_HELP)
+    a.add_argument("sentence", help="the source sentence to translate and plot")
     a.add_argument("--layer", type=int, default=-1, help="layer index (default: the last)")
     a.add_argument("--head", type=int, default=None, help="one head (default: a grid of every head)")
-    a.add_argument("--kind", choices=["cross", "encoder", "decoder"], default="cross")
-    a.add_argument("--beam", type=int, default=1)
-    a.add_argument("--device", default="cpu")
-    a.add_argument("-o", "--output", default="attention.png")
+    a.add_argument(
+        "--kind",
+        choices=["cross", "encoder", "decoder"],
+        default="cross",
+        help="encoder-decoder (default), encoder self- or decoder self-attention",
+    )
+    a.add_argument("--beam", type=int, default=1, help="beam size of the translation plotted (default 1: greedy)")
+    a.add_argument("--device", default="cpu", help=DEVICE_HELP)
+    a.add_argument("-o", "--output", default="attention.png", help="image file, .png or .svg (default attention.png)")
     a = plot_sub.add_parser("positions", help="sinusoidal positional-encoding curves and table")
-    a.add_argument("--d-model", type=int, default=128)
-    a.add_argument("--positions", type=int, default=100)
-    a.add_argument("-o", "--output", default="positions.png")
+    a.add_argument("--d-model", type=int, default=128, help="model width of the encoding (default 128)")
+    a.add_argument("--positions", type=int, default=100, help="positions plotted (default 100)")
+    a.add_argument("-o", "--output", default="positions.png", help="image file, .png or .svg (default positions.png)")
     a = plot_sub.add_parser("curves", help="training curves from a run directory's metrics.jsonl")
-    a.add_argument("run_dir")
-    a.add_argument("-o", "--output", default="curves.png")
+    a.add_argument("run_dir", help="run directory with a metrics.jsonl")
+    a.add_argument("-o", "--output", default="curves.png", help="image file, .png or .svg (default curves.png)")
     s.set_defaults(func=cmd_plot)
 
     s = sub.add_parser("synth", help="write the built-in toy language pair as text files")
-    s.add_argument("out_dir")
-    s.add_argument("--pairs", type=int, default=20000, help="training pairs")
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("out_dir", help="directory for train|valid|test.src|tgt")
+    s.add_argument("--pairs", type=int, default=20000, help="training pairs (valid and test have 500 each)")
+    s.add_argument("--seed", type=int, default=0, help="random seed: the same seed writes the same files")
     s.set_defaults(func=cmd_synth)
 
     s = sub.add_parser("demo", help="train on the toy language pair and show translations and attention")
@@ -243,12 +374,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_demo)
 
     s = sub.add_parser("serve", help="HTTP JSON API and a web page to translate and see attention")
-    s.add_argument("checkpoint")
+    s.add_argument("checkpoint", help=CHECKPOINT_HELP)
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
     s.add_argument("--beam", type=int, default=None, help="default beam size (default: the checkpoint's)")
     s.add_argument("--max-batch-tokens", type=int, default=None, help="source tokens per decoding batch")
-    s.add_argument("--device", default="cpu")
+    s.add_argument("--device", default="cpu", help=DEVICE_HELP)
     s.add_argument("--int8", action="store_true", help=INT8_HELP)
     s.set_defaults(func=cmd_serve)
     return p

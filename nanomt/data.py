@@ -13,6 +13,7 @@ import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import torch
@@ -53,14 +54,19 @@ def _lines(path: Path) -> Iterator[str]:
     """Stream the lines of a UTF-8 file without their line endings; bad bytes raise naming the line."""
     if not path.is_file():
         raise CorpusError(f"{path}: file not found")
-    # Binary mode splits on b"\n" only, so line numbers match `wc -l` and editors.
     with open(path, "rb") as f:
-        for n, raw in enumerate(f, 1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                raise CorpusError(f"{path}: line {n}: invalid UTF-8") from None
-            yield (line.removeprefix("\ufeff") if n == 1 else line).rstrip("\r\n")
+        yield from stream_lines(f, str(path))
+
+
+def stream_lines(stream: BinaryIO, name: str = "<stdin>") -> Iterator[str]:
+    """The lines of a binary UTF-8 stream as they arrive, without line endings; bad bytes raise naming the line."""
+    # Binary mode splits on b"\n" only, so line numbers match `wc -l` and editors.
+    for n, raw in enumerate(stream, 1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise CorpusError(f"{name}: line {n}: invalid UTF-8") from None
+        yield (line.removeprefix("\ufeff") if n == 1 else line).rstrip("\r\n")
 
 
 def read_lines(path: str | Path) -> list[str]:

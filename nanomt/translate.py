@@ -22,6 +22,9 @@ from nanomt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
 log = logging.getLogger("nanomt")
 
+# The settings `translate(..., sampling={...})` takes: decode.sample's.
+SAMPLING_KEYS = ("temperature", "top_k", "top_p", "seed")
+
 
 @dataclass(frozen=True)
 class SentenceAttention:
@@ -106,18 +109,26 @@ class Translator:
         sampling: dict | None = None,
         progress: bool = False,
     ) -> list[list[Hypothesis]]:
-        """n_best hypotheses (token ids and scores) per sentence, in input order."""
+        """n_best hypotheses (token ids and scores) per sentence, in input order; `sampling` samples instead."""
+        # sampling: {"temperature", "top_k", "top_p", "seed"}, each optional, with decode.sample's meanings and
+        # defaults; a sampled hypothesis has score 0.
         d = self.cfg.decode
         beam_size = d.beam_size if beam_size is None else beam_size
         if beam_size < 1:
             raise ValueError(f"beam size must be >= 1, got {beam_size}")
+        if sampling is not None:
+            unknown = sorted(set(sampling) - set(SAMPLING_KEYS))
+            if unknown:
+                raise ValueError(f"unknown sampling setting(s) {unknown}; known: {list(SAMPLING_KEYS)}")
+            if n_best > 1:
+                raise ValueError("n_best > 1 needs beam search, not sampling")
         ids = self._encode(sentences)
         lens = np.array([len(s) for s in ids])
         results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] for _ in ids]
         todo = np.flatnonzero(lens > 0)  # empty lines translate to empty lines
         batches = make_batches(lens[todo], lens[todo], max_tokens or d.max_tokens, 0, 0, shuffle=False)
         bar = tqdm(total=len(todo), disable=not progress, unit="sent", dynamic_ncols=True)
-        for batch in batches:
+        for k, batch in enumerate(batches):
             idx = todo[batch]
             width = int(lens[idx].max())
             src = torch.full((len(idx), width), PAD_ID, dtype=torch.long)
@@ -125,7 +136,13 @@ class Translator:
                 src[row, : lens[i]] = torch.tensor(ids[i])
             src = src.to(self.device)
             if sampling is not None:
-                outs = sample(self.model, src, self._max_len, bos_id=BOS_ID, eos_id=EOS_ID, **sampling)
+                seed = sampling.get("seed")
+                # One seed a batch, derived from the given one: the same seed in every batch would draw the same
+                # random numbers for the first sentence of each.
+                settings = {**sampling, "seed": None if seed is None else seed + k}
+                outs = sample(
+                    self.model, src, self._max_len, min_len=d.min_len, bos_id=BOS_ID, eos_id=EOS_ID, **settings
+                )
                 hyps = [[Hypothesis(o, 0.0, 0.0)] for o in outs]
             elif beam_size == 1 and n_best == 1:
                 hyps = [

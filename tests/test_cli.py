@@ -1,5 +1,7 @@
 """Text in, text out: translate, evaluate, average, plot and demo through the CLI and the Translator."""
 
+import argparse
+import importlib.metadata
 import json
 import logging
 import shutil
@@ -11,7 +13,8 @@ import sacrebleu
 import torch
 from conftest import NANOMT, tiny_config
 
-from nanomt.checkpoint import WEIGHTS, CheckpointError, read_weights, step_dirs
+from nanomt.checkpoint import WEIGHTS, CheckpointError, read_weights, save_weights, step_dirs
+from nanomt.cli import build_parser, main
 from nanomt.config import config_from_dict
 from nanomt.ensemble import Ensemble
 from nanomt.quantize import is_quantized
@@ -111,6 +114,7 @@ def test_ensemble_of_checkpoints_with_different_tokenizers_is_refused(run_dir, t
     cfg = config_from_dict(tiny_config(toy_corpus)).data
     src, tgt = (toy_corpus[f"train.{side}"].read_text().splitlines() for side in ("src", "tgt"))
     train_tokenizer(tgt, src, other / "tokenizer", cfg)  # same sizes, other pieces: only the fingerprint differs
+    save_weights(read_weights(other / WEIGHTS), other / WEIGHTS)  # now stored with the new tokenizer's fingerprint
     Translator.from_checkpoint(other)  # a valid checkpoint on its own
     with pytest.raises(CheckpointError, match="tokenizer differs"):
         Translator.from_checkpoints([run_dir, other])
@@ -197,6 +201,11 @@ def test_synth_writes_the_toy_pair(tmp_path):
     for split in ("train", "valid", "test"):
         assert (tmp_path / "toy" / f"{split}.src").is_file() and (tmp_path / "toy" / f"{split}.tgt").is_file()
     assert len((tmp_path / "toy" / "train.src").read_text().splitlines()) == 50
+    toy = tmp_path / "toy"
+    assert res.stdout.splitlines() == [
+        f"{split}: {n} pairs in {toy / split}.src and {toy / split}.tgt"
+        for split, n in (("train", 50), ("valid", 500), ("test", 500))
+    ]
 
 
 def test_demo_runs_end_to_end(tmp_path):
@@ -204,3 +213,25 @@ def test_demo_runs_end_to_end(tmp_path):
     assert res.returncode == 0, res.stderr
     assert "test BLEU (beam 5)" in res.stdout and "greedy:" in res.stdout and "beam 5:" in res.stdout
     assert (tmp_path / "demo" / "attention.png").is_file() and (tmp_path / "demo" / "curves.png").is_file()
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out == f"nanomt {importlib.metadata.version('nanomt')}\n"
+
+
+def test_every_option_of_every_command_has_help():
+    missing = []
+
+    def walk(parser: argparse.ArgumentParser, name: str) -> None:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for command, sub in action.choices.items():
+                    walk(sub, f"{name} {command}")
+            elif not isinstance(action, argparse._HelpAction) and not action.help:
+                missing.append(f"{name} {'/'.join(action.option_strings) or action.dest}")
+
+    walk(build_parser(), "nanomt")
+    assert missing == []
