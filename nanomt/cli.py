@@ -28,19 +28,9 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 def check_device(device: str) -> None:
     """Refuse a device this PyTorch build or machine lacks, in one line, before anything is loaded onto it."""
-    import torch
+    from nanomt.runtime import pick_device
 
-    try:
-        dev = torch.device(device)
-    except RuntimeError:
-        raise ValueError(f"--device {device}: not a device name (cpu, cuda, cuda:N, mps)") from None
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"--device {device}: CUDA is not available (a CPU-only PyTorch build, or no GPU visible)")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ValueError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) are visible")
-    elif dev.type == "mps" and not torch.backends.mps.is_available():
-        raise ValueError(f"--device {device}: MPS is not available on this machine")
+    pick_device(device, option="--device")
 
 
 @contextlib.contextmanager

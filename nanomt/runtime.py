@@ -28,16 +28,22 @@ class DeviceError(ValueError):
     """A device or precision this machine cannot provide."""
 
 
-def pick_device(name: str) -> torch.device:
-    """`auto` is CUDA when present, else the CPU; a CUDA device without CUDA is a DeviceError."""
+def pick_device(name: str, option: str = "train.device") -> torch.device:
+    """`auto` is CUDA when present, else the CPU; a device this build or machine lacks is a DeviceError."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise DeviceError(f"device {name!r} asked for, but this PyTorch has no CUDA device (use cpu)")
     try:
-        return torch.device(name)
-    except RuntimeError as e:  # a misspelt device
-        raise DeviceError(f"unknown device {name!r} ({e})") from None
+        dev = torch.device(name)
+    except RuntimeError:
+        raise DeviceError(f"{option} {name}: not a device name (cpu, cuda, cuda:N, mps)") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise DeviceError(f"{option} {name}: CUDA is not available (a CPU-only PyTorch build, or no GPU visible)")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise DeviceError(f"{option} {name}: only {torch.cuda.device_count()} CUDA device(s) are visible")
+    elif dev.type == "mps" and not torch.backends.mps.is_available():
+        raise DeviceError(f"{option} {name}: MPS is not available on this machine")
+    return dev
 
 
 @functools.cache

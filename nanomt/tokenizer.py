@@ -12,10 +12,8 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from .config import DataConfig
-
-# Fixed special ids, the same in every model, so the model and the data agree without looking them up.
-PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+# The special ids (config.py) are reserved in every SentencePiece model, so the model and the data agree.
+from .config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, DataConfig
 
 SHARED_FILE, SRC_FILE, TGT_FILE = "spm.model", "src.model", "tgt.model"
 # SentencePiece keeps at most this many (randomly sampled) sentences in memory while training.
