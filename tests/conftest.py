@@ -10,7 +10,7 @@ import torch
 from nanomt.config import ModelConfig
 from nanomt.model import Transformer
 from nanomt.synthetic import write_corpus
-from nanomt.tokenizer import EOS_ID, PAD_ID
+from nanomt.tokenizer import EOS_ID, PAD_ID, UNK_ID
 
 # Subprocesses and the tests themselves use 1 thread each, so results do not depend on the machine's core count.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -100,3 +100,24 @@ def tiny_config(corpus: dict[str, Path], **train) -> dict:
     }
     cfg["train"].update(train)
     return cfg
+
+
+TIED_VOCAB = 50
+
+
+def tied_pair(seed: int = 0) -> tuple[Transformer, Transformer]:
+    """The same random shared-vocabulary model twice: with restrict_output (all ids kept so far) and without."""
+    kw = dict(d_model=32, n_heads=2, n_encoder_layers=2, n_decoder_layers=2, d_ff=64, dropout=0.0)
+    kw.update(share_embeddings=True, tie_output=True, max_positions=64)
+    torch.manual_seed(seed)
+    full = Transformer(ModelConfig(TIED_VOCAB, TIED_VOCAB, **kw)).eval()
+    with torch.no_grad():
+        full.output.weight.mul_(8.0)  # peaky distributions: decoding choices are not near-ties
+    restricted = Transformer(ModelConfig(TIED_VOCAB, TIED_VOCAB, restrict_output=True, **kw)).eval()
+    missing, unexpected = restricted.load_state_dict(full.state_dict(), strict=False)
+    assert missing == ["output_mask"] and not unexpected
+    return restricted, full
+
+
+# The ids a restricted test model keeps (restrict_output); PAD is always kept besides.
+KEPT = torch.tensor([EOS_ID, UNK_ID, 7, 9, 11, 20, 21, 22, 30, 41, 49])

@@ -168,3 +168,8 @@ def test_keys_of_removed_options_load_only_where_they_did_nothing():
     assert cfg.train == config_from_dict({}).train
     with pytest.raises(ConfigError, match="train.dropout_start was removed"):
         config_from_dict({"train": {"dropout_start": 0.1}})
+
+
+def test_negative_bidirectional_epochs_is_a_config_error():
+    with pytest.raises(ConfigError, match="bidirectional_epochs"):
+        config_from_dict({"train": {"bidirectional_epochs": -1}})

@@ -15,7 +15,9 @@ from nanomt.config import DataConfig, HFDataConfig, SplitConfig
 from nanomt.data import (
     Corpus,
     CorpusError,
+    _pack,
     binarize,
+    both_directions,
     check_split,
     collate,
     corpus_texts,
@@ -527,3 +529,17 @@ def test_collate_from_binarized_corpus(tmp_path, tokenizer):
             n = corpus.tgt_lens[i]
             assert batch.tgt_in[row, 1 : n + 1].tolist() == batch.tgt_out[row, :n].tolist() == corpus.tgt(i).tolist()
         assert (batch.tgt_in[:, 0] == BOS_ID).all()
+
+
+def corpus_of(pairs: list[tuple[list[int], list[int]]]) -> Corpus:
+    """A Corpus built by hand from (src ids, tgt ids) pairs."""
+    return Corpus(*_pack([s for s, _ in pairs], np.uint16), *_pack([t for _, t in pairs], np.uint16), {})
+
+
+def test_both_directions_appends_every_pair_reversed():
+    pairs = [([5, 6, 7], [8]), ([9], [10, 11]), ([12, 13], [14, 15, 16, 17])]
+    both = both_directions(corpus_of(pairs))
+    assert len(both) == 6
+    want = pairs + [(t, s) for s, t in pairs]
+    assert [(both.src(i).tolist(), both.tgt(i).tolist()) for i in range(6)] == want
+    assert both.src_lens.tolist() == [3, 1, 2, 1, 2, 4] and both.tgt_lens.tolist() == [1, 2, 4, 3, 1, 2]

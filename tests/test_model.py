@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from conftest import KEPT, TIED_VOCAB, random_src, tied_pair
 
-from nanomt.config import ModelConfig
+from nanomt.config import EOS_ID, PAD_ID, ModelConfig
+from nanomt.decode import beam_search, greedy
 from nanomt.model import (
     CrossAttention,
     DecoderLayer,
@@ -23,8 +26,10 @@ from nanomt.model import (
     dropout,
     layer_norm,
     padding_mask,
+    prune_output,
     sinusoidal_table,
 )
+from nanomt.train import label_smoothed_loss
 
 PAD = 0
 ATOL = 1e-5
@@ -749,3 +754,93 @@ def test_init_std_option():
         assert abs(p.std().item() - 0.02) < 0.002
     with pytest.raises(ValueError, match="init_std"):
         ModelConfig(10, 10, d_model=8, n_heads=2, init_std=0.0)
+
+
+# restrict_output: the output layer scores only the target ids of the training data.
+
+
+def test_logits_are_the_full_models_at_kept_ids_and_minus_inf_elsewhere():
+    restricted, full = tied_pair()
+    restricted.set_output_vocab(KEPT)
+    kept = sorted({PAD_ID, *KEPT.tolist()})  # padding is always kept, at its own position
+    assert restricted.output_ids.tolist() == kept
+    src, tgt = random_src([5, 3], vocab=TIED_VOCAB), random_src([4, 6], seed=1, vocab=TIED_VOCAB)
+    ref = full(src, tgt)  # (B, T, V)
+    assert torch.allclose(restricted(src, tgt, restricted=True), ref[..., kept], atol=1e-5)
+    out = restricted(src, tgt)
+    dropped = [i for i in range(TIED_VOCAB) if i not in kept]
+    assert torch.allclose(out[..., kept], ref[..., kept], atol=1e-5)
+    assert torch.isneginf(out[..., dropped]).all()
+
+
+def test_restricted_loss_is_cross_entropy_over_the_kept_ids_with_unscored_targets_skipped():
+    restricted, full = tied_pair()
+    restricted.set_output_vocab(KEPT)
+    kept = restricted.output_ids.tolist()
+    position = {t: i for i, t in enumerate(kept)}  # built by hand, not from output_index
+    src = random_src([5, 3], vocab=TIED_VOCAB)
+    tgt = torch.tensor([[7, 9, 11, EOS_ID], [20, 33, EOS_ID, PAD_ID]])  # 33 is not kept
+    logits = restricted(src, tgt, restricted=True)
+    got = label_smoothed_loss(logits, restricted.output_targets(tgt), 0.1, PAD_ID)
+    ref_logits = full(src, tgt)[..., kept]
+    # Row 0 whole; row 1 without the unscored 33 (position 1) and the padding (position 3).
+    rows = torch.cat([ref_logits[0], ref_logits[1, [0, 2]]])
+    target = torch.tensor([position[t] for t in (7, 9, 11, EOS_ID, 20, EOS_ID)])
+    ref = F.cross_entropy(rows, target, label_smoothing=0.1, reduction="sum")
+    assert math.isclose(got.item(), ref.item(), rel_tol=1e-5)
+
+
+class MaskedOutput(torch.nn.Module):
+    """Reference: the full model's output layer with -inf at the dropped ids, built without restrict_output."""
+
+    def __init__(self, linear: torch.nn.Linear, keep: torch.Tensor):
+        super().__init__()
+        self.linear = linear
+        self.dropped = torch.ones(linear.out_features, dtype=torch.bool)
+        self.dropped[keep] = False
+
+    def forward(self, h):
+        return self.linear(h).masked_fill(self.dropped, float("-inf"))
+
+
+def test_decoding_equals_the_full_model_with_dropped_ids_masked():
+    restricted, full = tied_pair(seed=3)
+    src = random_src([6, 4, 7], seed=2, vocab=TIED_VOCAB)
+    free = greedy(full, src, max_len=12)
+    # Drop the tokens the unrestricted model chose, so that the restricted model has to choose others.
+    chosen = {t for row in free for t in row}
+    keep = torch.tensor([i for i in range(TIED_VOCAB) if i not in chosen])
+    restricted.set_output_vocab(keep)
+    full.output = MaskedOutput(full.output, restricted.output_ids)
+    got = greedy(restricted, src, max_len=12)
+    assert got == greedy(full, src, max_len=12) and got != free
+    assert all(t not in chosen for row in got for t in row)
+    beams = [[h.tokens for h in hyps] for hyps in beam_search(restricted, src, 3, max_len=12, n_best=3)]
+    assert beams == [[h.tokens for h in hyps] for hyps in beam_search(full, src, 3, max_len=12, n_best=3)]
+
+
+def test_pruned_copy_projects_onto_the_kept_rows_only_and_scores_as_the_model_does():
+    restricted, _ = tied_pair(seed=4)
+    restricted.set_output_vocab(KEPT)
+    before = {k: v.clone() for k, v in restricted.state_dict().items()}
+    pruned = prune_output(restricted)
+    k = len(restricted.output_ids)
+    assert pruned.output.weight.shape == (k, 32) and restricted.output.weight.shape == (TIED_VOCAB, 32)
+    assert restricted.output.weight is restricted.tgt_embed.tokens.weight  # the original stays tied, unchanged
+    assert all(torch.equal(before[n], t) for n, t in restricted.state_dict().items())
+    assert torch.equal(pruned.output.weight, restricted.tgt_embed.tokens.weight[restricted.output_ids])
+    src, tgt = random_src([5, 3], seed=5, vocab=TIED_VOCAB), random_src([4, 6], seed=6, vocab=TIED_VOCAB)
+    with torch.inference_mode():
+        ref, out = restricted(src, tgt), pruned(src, tgt)  # (B, T, V) both
+        assert torch.allclose(pruned(src, tgt, restricted=True), restricted(src, tgt, restricted=True), atol=1e-5)
+    assert torch.equal(torch.isneginf(out), torch.isneginf(ref)) and torch.isneginf(ref).any()
+    kept = restricted.output_ids
+    assert torch.allclose(out[..., kept], ref[..., kept], atol=1e-5)
+    unrestricted = Transformer(dataclasses.replace(restricted.cfg, restrict_output=False))
+    assert prune_output(unrestricted) is unrestricted
+
+
+def test_set_output_vocab_needs_a_restricted_model():
+    _, full = tied_pair()
+    with pytest.raises(ValueError, match="restrict_output"):
+        full.set_output_vocab(KEPT)

@@ -11,11 +11,12 @@ import subprocess
 
 import pytest
 import torch
-from conftest import NANOMT
+from conftest import NANOMT, TIED_VOCAB, random_src, tied_pair, tiny_config
 
 from nanomt.checkpoint import load_checkpoint, model_state, write_checkpoint_dir
-from nanomt.config import Config, DataConfig, DecodeConfig, ModelConfig
-from nanomt.decode import beam_search, max_len_fn
+from nanomt.config import Config, DataConfig, DecodeConfig, ModelConfig, config_from_dict
+from nanomt.decode import beam_search, greedy, max_len_fn
+from nanomt.ensemble import Ensemble
 from nanomt.model import Transformer
 from nanomt.tokenizer import BOS_ID, EOS_ID, PAD_ID, train_tokenizer
 from nanomt.translate import Translator
@@ -254,3 +255,28 @@ def test_cli_int8_decodes_with_the_int8_model_and_max_len_from_the_config(vocab,
     res = cli("translate", ckpt, "--int8", input="\n".join(SOURCES) + "\n")
     assert res.returncode == 0, res.stderr
     assert res.stdout.splitlines() == want_int8
+
+
+def test_translator_decodes_restricted_models_through_the_pruned_projection(toy_corpus, tmp_path):
+    restricted, full = tied_pair(seed=3)
+    src = random_src([6, 4, 7], seed=2, vocab=TIED_VOCAB)
+    chosen = {t for row in greedy(full, src, max_len=12) for t in row}
+    restricted.set_output_vocab(torch.tensor([i for i in range(TIED_VOCAB) if i not in chosen]))
+    tok = None  # Translator's model and decoding do not need the tokenizer here
+    cfg = config_from_dict(tiny_config(toy_corpus))
+    float32 = Translator(restricted, tok, cfg).model
+    assert float32.output.out_features == len(restricted.output_ids) < TIED_VOCAB
+    assert restricted.output.out_features == TIED_VOCAB  # the model given is not changed
+    with torch.inference_mode():
+        assert greedy(float32, src, max_len=12) == greedy(restricted, src, max_len=12)
+        ref = [[h.tokens for h in hyps] for hyps in beam_search(restricted, src, 3, max_len=12, n_best=3)]
+        assert [[h.tokens for h in hyps] for hyps in beam_search(float32, src, 3, max_len=12, n_best=3)] == ref
+        int8 = Translator(restricted, tok, cfg, int8=True).model
+        assert int8.output.out_features == len(restricted.output_ids)  # quantized after pruning: K rows
+        tgt = random_src([4, 6], seed=1, vocab=TIED_VOCAB)
+        out, want = int8(src[:2], tgt), restricted(src[:2], tgt)
+        ensemble = Translator(Ensemble([restricted, full]), tok, cfg).model
+    assert torch.equal(torch.isneginf(out), torch.isneginf(want))
+    kept = restricted.output_ids
+    assert (out[..., kept] - want[..., kept]).norm() / want[..., kept].norm() < 0.06  # int8's error, as elsewhere
+    assert ensemble.members[0].output.out_features < TIED_VOCAB and ensemble.members[1] is full
