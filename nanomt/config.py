@@ -122,6 +122,8 @@ class DataConfig:
     character_coverage: float = 1.0
     # Sentences longer than this many subword tokens (either side, before BOS/EOS) are dropped from training.
     max_len: int = 256
+    # SentencePiece trains on at most this many sentences (a uniform sample), so memory stays bounded on big corpora.
+    tokenizer_sentences: int = 2_000_000
     cache_dir: str | None = None
     # BPE-dropout (Provilkov et al., 2020): every epoch re-tokenizes the training pairs, skipping each merge
     # with this probability, so the model sees many segmentations of a word. 0 = off (one fixed tokenization).
@@ -130,6 +132,8 @@ class DataConfig:
     def __post_init__(self):
         if not 0.0 <= self.bpe_dropout < 1.0:
             raise ValueError(f"bpe_dropout must be in [0, 1), got {self.bpe_dropout}")
+        if self.tokenizer_sentences <= 100:  # SentencePiece's own lower bound on its sample
+            raise ValueError(f"tokenizer_sentences must be > 100, got {self.tokenizer_sentences}")
         if self.bpe_dropout and self.tokenizer != "bpe":
             raise ValueError(f"bpe_dropout needs tokenizer: bpe, not {self.tokenizer!r}")
 

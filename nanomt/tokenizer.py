@@ -16,8 +16,6 @@ import sentencepiece as spm
 from .config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, DataConfig
 
 SHARED_FILE, SRC_FILE, TGT_FILE = "spm.model", "src.model", "tgt.model"
-# SentencePiece keeps at most this many (randomly sampled) sentences in memory while training.
-MAX_TRAIN_SENTENCES = 2_000_000
 SEED = 1
 
 
@@ -165,7 +163,7 @@ def _train_one(sentences: Iterator[str], cfg: DataConfig) -> bytes:
             bos_id=BOS_ID,
             eos_id=EOS_ID,
             # Reservoir-sample at most this many sentences, so memory stays bounded on big corpora.
-            input_sentence_size=MAX_TRAIN_SENTENCES,
+            input_sentence_size=cfg.tokenizer_sentences,
             shuffle_input_sentence=True,
             num_threads=_threads(),
             minloglevel=2,

@@ -121,3 +121,17 @@ def tied_pair(seed: int = 0) -> tuple[Transformer, Transformer]:
 
 # The ids a restricted test model keeps (restrict_output); PAD is always kept besides.
 KEPT = torch.tensor([EOS_ID, UNK_ID, 7, 9, 11, 20, 21, 22, 30, 41, 49])
+
+
+@pytest.fixture
+def hf_cache(tmp_path, monkeypatch):
+    """Point the datasets cache into tmp_path and stay offline."""
+    datasets = pytest.importorskip("datasets")
+    home = tmp_path / "hf_home"
+    monkeypatch.setenv("HF_HOME", str(home))
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", home / "datasets")
+    monkeypatch.setattr(datasets.config, "HF_MODULES_CACHE", home / "modules")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    return home

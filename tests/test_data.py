@@ -162,20 +162,6 @@ def test_read_pairs_streams_stripped_pairs(tmp_path):
 # Hugging Face datasets, loaded from local files (the same load_dataset code path as hub datasets)
 
 
-@pytest.fixture
-def hf_cache(tmp_path, monkeypatch):
-    """Point the datasets cache into tmp_path and stay offline."""
-    datasets = pytest.importorskip("datasets")
-    home = tmp_path / "hf_home"
-    monkeypatch.setenv("HF_HOME", str(home))
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", home / "datasets")
-    monkeypatch.setattr(datasets.config, "HF_MODULES_CACHE", home / "modules")
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True)
-    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
-    return home
-
-
 def write_jsonl(path, pairs, field="translation") -> str:
     rows = [{field: {"de": s, "en": t}} for s, t in pairs]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
