@@ -13,6 +13,8 @@ import yaml
 
 ACTIVATIONS = ("relu", "gelu", "swish")
 POSITIONALS = ("sinusoidal", "learned")
+# The sinusoids' order along d_model: 3.5's sin/cos pairs, or every sine before every cosine (Marian's table).
+SINUSOIDAL_LAYOUTS = ("interleaved", "halves")
 # Scores of a finished hypothesis (nanomt.decode): GNMT's ((5 + len) / 6)^alpha, len^alpha, or the sum alone.
 LENGTH_PENALTIES = ("gnmt", "average", "none")
 # Special token ids, the same in every vocabulary nanomt makes (the tokenizer reserves them).
@@ -53,6 +55,13 @@ class ModelConfig:
     # Score only the target ids that occur in the training targets (`Transformer.set_output_vocab`): with a
     # vocabulary shared by both languages, training skips the source-only rows of the output projection.
     restrict_output: bool = False
+    # Sines at even dimensions and cosines at odd ones (3.5), or sines in the first half and cosines in the second.
+    sinusoidal_layout: str = "interleaved"
+    # A learned bias added to the output logits (Marian's final_logits_bias).
+    output_bias: bool = False
+    # The decoder's first input and the id that ends a sentence on both sides (Marian starts from its pad id).
+    bos_id: int = BOS_ID
+    eos_id: int = EOS_ID
 
     def __post_init__(self):
         for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff", "max_positions"):
@@ -69,6 +78,10 @@ class ModelConfig:
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
         if self.positional not in POSITIONALS:
             raise ValueError(f"positional must be one of {POSITIONALS}, got {self.positional!r}")
+        if self.sinusoidal_layout not in SINUSOIDAL_LAYOUTS:
+            raise ValueError(f"sinusoidal_layout must be one of {SINUSOIDAL_LAYOUTS}, got {self.sinusoidal_layout!r}")
+        if self.sinusoidal_layout != "interleaved" and self.positional != "sinusoidal":
+            raise ValueError(f"sinusoidal_layout={self.sinusoidal_layout!r} needs positional='sinusoidal'")
         for name in ("dropout", "attention_dropout", "activation_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
@@ -81,6 +94,15 @@ class ModelConfig:
             raise ValueError(f"init_std must be > 0, got {self.init_std}")
         if not 0 <= self.pad_id < min(self.src_vocab_size, self.tgt_vocab_size):
             raise ValueError(f"pad_id ({self.pad_id}) must be a valid token id in both vocabularies")
+        if not 0 <= self.bos_id < self.tgt_vocab_size:
+            raise ValueError(f"bos_id ({self.bos_id}) must be a valid token id in the target vocabulary")
+        if not 0 <= self.eos_id < min(self.src_vocab_size, self.tgt_vocab_size):
+            raise ValueError(f"eos_id ({self.eos_id}) must be a valid token id in both vocabularies")
+        if self.eos_id in (self.pad_id, self.bos_id):
+            raise ValueError(f"eos_id ({self.eos_id}) must differ from pad_id and bos_id")
+        if self.output_bias and self.restrict_output:
+            # The restricted output projects onto the kept rows of the weight alone.
+            raise ValueError("output_bias needs restrict_output: false")
 
 
 @dataclass(frozen=True)
@@ -194,6 +216,9 @@ class DecodeConfig:
     max_len_b: int = 10
     min_len: int = 0
     max_tokens: int = 4096
+    # With a length penalty: end a sentence's beam search once beam_size hypotheses are finished (fairseq), or
+    # go on while its best live beam, scored at its current length, beats the worst of them (Hugging Face's default).
+    early_stopping: bool = True
 
 
 @dataclass(frozen=True)

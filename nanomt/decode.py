@@ -2,7 +2,8 @@
 
 Conventions shared by every function here:
 - `src` is (B, S) ids, right-padded with `model.cfg.pad_id`, each sentence ending with EOS; the decoder
-  starts from `bos_id`. Returned token lists exclude BOS and EOS.
+  starts from `bos_id`. Returned token lists exclude BOS and EOS. `bos_id`/`eos_id` None: the model's own
+  (`model.cfg.bos_id`/`eos_id`).
 - `max_len` bounds the generated tokens per sentence INCLUDING the final EOS: at most `max_len` tokens are
   generated, and a hypothesis that reaches `max_len` tokens without EOS is finished as it is (max_len tokens,
   no EOS). `max_len` is an int or a function of the source length (non-pad, non-EOS tokens), see
@@ -22,8 +23,10 @@ Beam search:
   or max_len reached) are finished, keeping the best k per sentence; the first k that do not end live on.
 - A sentence is done when it reaches its max_len, when no live beam has a finite log-prob, or when k
   hypotheses are finished and: with a length-independent score ("none", or alpha 0), no live beam's log-prob
-  beats the worst kept score (exact: extending a beam only lowers it); otherwise straight away (fairseq's
-  rule; with alpha > 0 the exact bound, log_prob / penalty(max_len), would almost never stop early).
+  beats the worst kept score (exact: extending a beam only lowers it); otherwise, with `early_stopping`,
+  straight away (fairseq's rule; with alpha > 0 the exact bound, log_prob / penalty(max_len), would almost
+  never stop early), without it when the best live beam, scored at its current length, does not beat the
+  worst kept score (Hugging Face's default heuristic).
 - Sampling draws from a local generator seeded with `seed` (fresh entropy when None), never torch's global
   RNG; one seed gives one output for one batch (a sentence's sample depends on its batch neighbours).
 """
@@ -38,7 +41,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from nanomt.config import BOS_ID, EOS_ID, LENGTH_PENALTIES
+from nanomt.config import LENGTH_PENALTIES
 from nanomt.model import DecoderCache, Encoded, Transformer
 
 MaxLen = int | Callable[[int], int]
@@ -114,6 +117,11 @@ def _next_log_probs(
     return scores, out.cache
 
 
+def _special_ids(model: Transformer, bos_id: int | None, eos_id: int | None) -> tuple[int, int]:
+    """The given BOS and EOS ids, or the model's own where None."""
+    return (model.cfg.bos_id if bos_id is None else bos_id), (model.cfg.eos_id if eos_id is None else eos_id)
+
+
 def _banned(model: Transformer, bos_id: int, eos_id: int) -> list[int]:
     """Ids that are never generated: PAD and BOS (unless one of them is also EOS)."""
     return sorted({model.cfg.pad_id, bos_id} - {eos_id})
@@ -142,11 +150,12 @@ def _generate(
     src: Tensor,
     max_len: MaxLen,
     min_len: int,
-    bos_id: int,
-    eos_id: int,
+    bos_id: int | None,
+    eos_id: int | None,
     pick: Callable[[Tensor], Tensor],
 ) -> list[list[int]]:
     """Extend each sentence by the token `pick` chooses from its (R, V) masked logits until EOS or max_len."""
+    bos_id, eos_id = _special_ids(model, bos_id, eos_id)
     limits = _max_lens(model, src, max_len, eos_id)  # (B,)
     banned = _banned(model, bos_id, eos_id)
     enc = model.encode(src)
@@ -177,8 +186,8 @@ def greedy(
     src: Tensor,
     max_len: MaxLen,
     min_len: int = 0,
-    bos_id: int = BOS_ID,
-    eos_id: int = EOS_ID,
+    bos_id: int | None = None,
+    eos_id: int | None = None,
 ) -> list[list[int]]:
     """The most probable next token at every step; one token list per sentence."""
     _check_src(src, min_len)
@@ -222,8 +231,8 @@ def sample(
     top_p: float = 1.0,
     seed: int | None = None,
     min_len: int = 0,
-    bos_id: int = BOS_ID,
-    eos_id: int = EOS_ID,
+    bos_id: int | None = None,
+    eos_id: int | None = None,
 ) -> list[list[int]]:
     """Ancestral sampling with temperature, top-k (0: off) and nucleus top-p (1.0: off); a list a sentence."""
     _check_src(src, min_len)
@@ -330,9 +339,11 @@ def _sentences_done(
     sentences: list[int],
     live_log_probs: Tensor,
     at_limit: Tensor,
-    monotone: bool,
+    bound: Callable[[float], float] | None,
 ) -> list[bool]:
     """Whether each active sentence's search is over (the rule is in the module docstring)."""
+    # `bound` maps the best live log-prob to the score a live beam is taken to reach at best; None: stop
+    # as soon as k hypotheses are finished.
     k = live_log_probs.size(1)
     best_live = live_log_probs.max(dim=1).values.tolist()  # (N,)
     done = []
@@ -343,8 +354,7 @@ def _sentences_done(
         elif len(hyps) < k:
             done.append(False)
         else:
-            # With a monotone score, extending a live beam can only lower it: exact stop.
-            done.append(not monotone or best_live[i] <= hyps[-1].score)
+            done.append(bound is None or bound(best_live[i]) <= hyps[-1].score)
     return done
 
 
@@ -358,18 +368,25 @@ def beam_search(
     length_penalty: float = 1.0,
     length_penalty_kind: str = "gnmt",
     n_best: int = 1,
-    bos_id: int = BOS_ID,
-    eos_id: int = EOS_ID,
+    bos_id: int | None = None,
+    eos_id: int | None = None,
+    early_stopping: bool = True,
 ) -> list[list[Hypothesis]]:
     """Batched beam search (rules in the module docstring): per sentence the n_best hypotheses, best first."""
     _check_beam_args(src, beam_size, min_len, length_penalty_kind, n_best)
     if src.size(0) == 0:
         return []
+    bos_id, eos_id = _special_ids(model, bos_id, eos_id)
     k, device = beam_size, src.device
     monotone = length_penalty_kind == "none" or length_penalty == 0
 
     def score(log_prob: float, length: int) -> float:
         return log_prob / _length_penalty(length, length_penalty, length_penalty_kind)
+
+    def bound(step: int) -> Callable[[float], float] | None:
+        if monotone:  # extending a live beam can only lower its score: exact
+            return lambda log_prob: log_prob
+        return None if early_stopping else lambda log_prob: score(log_prob, step + 1)
 
     limits = _max_lens(model, src, max_len, eos_id)  # (N,)
     banned = _banned(model, bos_id, eos_id)
@@ -390,7 +407,7 @@ def beam_search(
         cands = _candidates(live_log_probs, log_probs, at_limit, eos_id)
         _add_finished(finished, sentences, history, cands, step + 1, score, eos_id)
         live_log_probs, parent, live_tokens = _live_beams(cands)  # (N, k) each
-        done = _sentences_done(finished, sentences, live_log_probs, at_limit, monotone)
+        done = _sentences_done(finished, sentences, live_log_probs, at_limit, bound(step))
         keep_list = [i for i, d in enumerate(done) if not d]
         if not keep_list:
             break

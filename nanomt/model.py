@@ -37,14 +37,18 @@ def causal_mask(t_query: int, t_key: int, device: torch.device | None = None) ->
     return torch.ones(t_query, t_key, dtype=torch.bool, device=device).tril(diagonal=offset)
 
 
-def sinusoidal_table(n_positions: int, d_model: int) -> Tensor:
+def sinusoidal_table(n_positions: int, d_model: int, layout: str = "interleaved") -> Tensor:
     """3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...), as (n_positions, d_model)."""
+    # layout="halves" puts sine i at dimension i and cosine i at d/2 + i instead: Marian's table.
     position = torch.arange(n_positions, dtype=torch.float64)[:, None]  # (P, 1)
     # 10000^(-2i/d) computed in log space: exp(-2i * ln(10000) / d)
     inv_freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float64) * (-math.log(10000.0) / d_model))
+    sin, cos = torch.sin(position * inv_freq), torch.cos(position * inv_freq)  # (P, D/2) each
+    if layout == "halves":
+        return torch.cat([sin, cos], dim=1).float()  # (P, D)
     table = torch.zeros(n_positions, d_model, dtype=torch.float64)
-    table[:, 0::2] = torch.sin(position * inv_freq)
-    table[:, 1::2] = torch.cos(position * inv_freq)
+    table[:, 0::2] = sin
+    table[:, 1::2] = cos
     return table.float()
 
 
@@ -372,7 +376,8 @@ class Embedding(nn.Module):
         else:
             self.positions = None
             # Not persistent: a formula, not a weight; it never goes into a checkpoint.
-            self.register_buffer("table", sinusoidal_table(cfg.max_positions, cfg.d_model), persistent=False)
+            table = sinusoidal_table(cfg.max_positions, cfg.d_model, cfg.sinusoidal_layout)
+            self.register_buffer("table", table, persistent=False)
         self.dropout = Dropout(cfg.dropout)
 
     def forward(self, ids: Tensor, start: int = 0) -> Tensor:
@@ -401,7 +406,7 @@ class Transformer(nn.Module):
         # Pre-norm leaves the residual stream unnormalized, so each stack ends with a LayerNorm.
         self.encoder_norm = LayerNorm(cfg.d_model, cfg.layer_norm_eps) if cfg.norm_first else nn.Identity()
         self.decoder_norm = LayerNorm(cfg.d_model, cfg.layer_norm_eps) if cfg.norm_first else nn.Identity()
-        self.output = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=False)
+        self.output = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=cfg.output_bias)
         self.reset_parameters()
         if cfg.tie_output:  # 3.4: the pre-softmax projection shares the target embedding matrix
             self.output.weight = self.tgt_embed.tokens.weight

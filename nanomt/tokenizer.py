@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import itertools
+import json
 import os
 import re
 from collections.abc import Iterable, Iterator
@@ -16,22 +17,42 @@ import sentencepiece as spm
 from .config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, DataConfig
 
 SHARED_FILE, SRC_FILE, TGT_FILE = "spm.model", "src.model", "tgt.model"
+# Id tables that replace SentencePiece's own ids (Marian's layout): one over both sides, or the target's own.
+VOCAB_FILE, TGT_VOCAB_FILE = "vocab.json", "target_vocab.json"
+# The pieces an id table names its padding, unknown and end-of-sentence ids by.
+TABLE_SPECIALS = {"pad": "<pad>", "unk": "<unk>", "eos": "</s>"}
 SEED = 1
 
 
 class Tokenizer:
     """One shared SentencePiece model, or one per language."""
 
-    def __init__(self, src_model: bytes, tgt_model: bytes | None = None):
-        """`tgt_model=None` means the source model is shared by both sides."""
+    def __init__(
+        self,
+        src_model: bytes,
+        tgt_model: bytes | None = None,
+        vocab: dict[str, int] | None = None,
+        tgt_vocab: dict[str, int] | None = None,
+    ):
+        """`tgt_model=None`: the source model is shared by both sides; `vocab`: an id table (see `IdTable`)."""
         self._src_bytes = src_model
         self._tgt_bytes = tgt_model
         self._src = spm.SentencePieceProcessor(model_proto=src_model)
         self._tgt = self._src if tgt_model is None else spm.SentencePieceProcessor(model_proto=tgt_model)
-        for sp in (self._src, self._tgt):
-            ids = (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id())
-            if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
-                raise ValueError(f"SentencePiece model has special ids {ids}, expected (0, 1, 2, 3)")
+        self._src_table = None if vocab is None else IdTable(vocab)
+        self._tgt_table = self._src_table if tgt_vocab is None else IdTable(tgt_vocab)
+        if tgt_vocab is not None and vocab is None:
+            raise ValueError("a target id table needs a source one (vocab)")
+        table = self._src_table
+        if table is None:
+            for sp in (self._src, self._tgt):
+                ids = (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id())
+                if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
+                    raise ValueError(f"SentencePiece model has special ids {ids}, expected (0, 1, 2, 3)")
+        elif (table.pad_id, table.eos_id) != (self._tgt_table.pad_id, self._tgt_table.eos_id):
+            raise ValueError("the source and target id tables must agree on the ids of </s> and <pad>")
+        specials = (PAD_ID, UNK_ID, EOS_ID) if table is None else (table.pad_id, table.unk_id, table.eos_id)
+        self.pad_id, self.unk_id, self.eos_id = specials
 
     @property
     def shared(self) -> bool:
@@ -40,40 +61,54 @@ class Tokenizer:
 
     @property
     def src_vocab_size(self) -> int:
-        return self._src.get_piece_size()
+        return self._src.get_piece_size() if self._src_table is None else len(self._src_table.pieces)
 
     @property
     def tgt_vocab_size(self) -> int:
-        return self._tgt.get_piece_size()
+        return self._tgt.get_piece_size() if self._tgt_table is None else len(self._tgt_table.pieces)
 
     def encode_src(self, texts: list[str], dropout: float = 0.0) -> list[list[int]]:
         """Source sentences to ids, without BOS/EOS; `dropout` > 0 samples a BPE-dropout segmentation."""
+        if self._src_table is not None:
+            return self._src_table.encode(self._src, texts, dropout)
         return _encode(self._src, texts, dropout)
 
     def encode_tgt(self, texts: list[str], dropout: float = 0.0) -> list[list[int]]:
         """Target sentences to ids, without BOS/EOS; `dropout` > 0 samples a BPE-dropout segmentation."""
+        if self._tgt_table is not None:
+            return self._tgt_table.encode(self._tgt, texts, dropout)
         return _encode(self._tgt, texts, dropout)
 
     def decode_src(self, ids: list[list[int]]) -> list[str]:
         """Source ids (without specials) to text."""
+        if self._src_table is not None:
+            return [_join_pieces(self._src, self.src_pieces(seq)) for seq in ids]
         return [self._src.decode([int(i) for i in seq]) for seq in ids]
 
     def decode_tgt(self, ids: list[list[int]]) -> list[str]:
-        """Target ids to text; PAD/BOS/EOS are skipped."""
-        special = (PAD_ID, BOS_ID, EOS_ID)
-        return [self._tgt.decode([i for i in map(int, seq) if i not in special]) for seq in ids]
+        """Target ids to text; PAD/BOS/EOS are skipped (with an id table, UNK too, as Marian's tokenizer does)."""
+        special = (PAD_ID, BOS_ID, EOS_ID) if self._tgt_table is None else (self.pad_id, self.eos_id, self.unk_id)
+        kept = [[i for i in map(int, seq) if i not in special] for seq in ids]
+        if self._tgt_table is not None:
+            return [_join_pieces(self._tgt, self.tgt_pieces(seq)) for seq in kept]
+        return [self._tgt.decode(seq) for seq in kept]
 
     def src_pieces(self, ids: list[int]) -> list[str]:
         """Source ids to their subword strings (for attention plots)."""
+        if self._src_table is not None:
+            return [self._src_table.pieces[int(i)] for i in ids]
         return [self._src.id_to_piece(int(i)) for i in ids]
 
     def tgt_pieces(self, ids: list[int]) -> list[str]:
         """Target ids to their subword strings (for attention plots)."""
+        if self._tgt_table is not None:
+            return [self._tgt_table.pieces[int(i)] for i in ids]
         return [self._tgt.id_to_piece(int(i)) for i in ids]
 
     def fingerprint(self) -> str:
         """sha256 of the model file(s): a cache key that changes whenever the vocabulary does."""
         parts = [self._src_bytes] if self.shared else [self._src_bytes, self._tgt_bytes]
+        parts += [_table_bytes(t.ids) for t in dict.fromkeys((self._src_table, self._tgt_table)) if t is not None]
         return hashlib.sha256("".join(hashlib.sha256(p).hexdigest() for p in parts).encode()).hexdigest()
 
     def save(self, directory: str | Path) -> None:
@@ -88,6 +123,13 @@ class Tokenizer:
             _write_atomic(directory / Path(name).with_suffix(".vocab").name, vocab.encode("utf-8"))
             _write_atomic(directory / name, data)
         _remove_other_kind(directory, self.shared)
+        tables = {VOCAB_FILE: self._src_table}
+        tables[TGT_VOCAB_FILE] = self._tgt_table if self._tgt_table is not self._src_table else None
+        for name, table in tables.items():
+            if table is None:
+                (directory / name).unlink(missing_ok=True)
+            else:
+                _write_atomic(directory / name, _table_bytes(table.ids))
 
     @classmethod
     def load(cls, directory: str | Path) -> Tokenizer:
@@ -97,21 +139,72 @@ class Tokenizer:
         src, tgt = directory / SRC_FILE, directory / TGT_FILE
         if shared.is_file() and (src.is_file() or tgt.is_file()):
             raise ValueError(f"{directory}: holds both {SHARED_FILE} and {SRC_FILE}/{TGT_FILE}; keep one")
+        tables = [_read_table(directory / name) for name in (VOCAB_FILE, TGT_VOCAB_FILE)]
         if shared.is_file():
-            return cls(shared.read_bytes())
+            return cls(shared.read_bytes(), None, *tables)
         if src.is_file() and tgt.is_file():
-            return cls(src.read_bytes(), tgt.read_bytes())
+            return cls(src.read_bytes(), tgt.read_bytes(), *tables)
         raise FileNotFoundError(
             f"{directory}: no tokenizer found (expected {SHARED_FILE}, or {SRC_FILE} and {TGT_FILE})"
         )
 
 
-def _encode(sp: spm.SentencePieceProcessor, texts: list[str], dropout: float) -> list[list[int]]:
+class IdTable:
+    """Ids of pieces by a table (Marian's vocab.json) rather than by SentencePiece's own numbering."""
+
+    # Marian gives both languages' SentencePiece models one table, so that a piece has one id on either side;
+    # the table's ids run 0..len-1 and name the special pieces in TABLE_SPECIALS.
+
+    def __init__(self, ids: dict[str, int]):
+        self.ids = dict(ids)
+        self.pieces = [""] * len(ids)
+        for piece, i in ids.items():
+            if not 0 <= i < len(ids) or self.pieces[i]:
+                raise ValueError(f"id table: id {i} of {piece!r} is repeated or outside 0..{len(ids) - 1}")
+            self.pieces[i] = piece
+        missing = [p for p in TABLE_SPECIALS.values() if p not in ids]
+        if missing:
+            raise ValueError(f"id table has no {missing[0]!r} piece")
+        self.pad_id, self.unk_id, self.eos_id = (ids[TABLE_SPECIALS[k]] for k in ("pad", "unk", "eos"))
+
+    def encode(self, sp: spm.SentencePieceProcessor, texts: list[str], dropout: float) -> list[list[int]]:
+        """Texts to table ids; a leading language tag such as >>fra<< is one piece, as Marian's tokenizer has it."""
+        tags, rests = zip(*map(_split_tag, texts)) if texts else ((), ())
+        pieces = _encode(sp, list(rests), dropout, out_type=str)
+        return [[self.ids.get(p, self.unk_id) for p in tag + ps] for tag, ps in zip(tags, pieces)]
+
+
+def _join_pieces(sp: spm.SentencePieceProcessor, pieces: list[str]) -> str:
+    """Pieces to text; a table's pieces may be the other language's, which `sp` passes through with their ▁."""
+    return sp.decode_pieces(pieces).replace("\u2581", " ").strip()
+
+
+def _split_tag(text: str) -> tuple[list[str], str]:
+    """'>>fra<< text' -> (['>>fra<<'], ' text'); text without a tag -> ([], text)."""
+    end = text.find("<<") if text.startswith(">>") else -1
+    return ([text[: end + 2]], text[end + 2 :]) if end != -1 else ([], text)
+
+
+def _table_bytes(ids: dict[str, int]) -> bytes:
+    return json.dumps(ids, ensure_ascii=False, indent=1).encode("utf-8")
+
+
+def _read_table(path: Path) -> dict[str, int] | None:
+    """An id table file as a dict, None if there is none."""
+    if not path.is_file():
+        return None
+    table = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(table, dict) or not all(isinstance(i, int) for i in table.values()):
+        raise ValueError(f"{path}: an id table must map pieces to integer ids")
+    return table
+
+
+def _encode(sp: spm.SentencePieceProcessor, texts: list[str], dropout: float, out_type: type = int) -> list[list]:
     if not dropout:
-        return sp.encode(list(texts), out_type=int, num_threads=_threads())
+        return sp.encode(list(texts), out_type=out_type, num_threads=_threads())
     # One thread: SentencePiece's sampler draws from a per-thread generator, so only a single thread makes
     # the segmentation a function of set_sampling_seed (and a resumed run see the same epoch).
-    return sp.encode(list(texts), out_type=int, enable_sampling=True, alpha=dropout, num_threads=1)
+    return sp.encode(list(texts), out_type=out_type, enable_sampling=True, alpha=dropout, num_threads=1)
 
 
 def set_sampling_seed(seed: int) -> None:

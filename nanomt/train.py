@@ -23,7 +23,7 @@ from tqdm import tqdm
 from nanomt import checkpoint as ckpt
 from nanomt import runtime
 from nanomt.checkpoint import TrainState
-from nanomt.config import PAD_ID, Config, SplitConfig, TrainConfig, load_config, save_config, to_dict
+from nanomt.config import BOS_ID, EOS_ID, PAD_ID, Config, SplitConfig, TrainConfig, load_config, save_config, to_dict
 from nanomt.data import (
     Batch,
     Corpus,
@@ -145,6 +145,8 @@ def prepare_run_dir(cfg: Config, run_dir: Path) -> tuple[Config, Tokenizer]:
         src_vocab_size=tokenizer.src_vocab_size,
         tgt_vocab_size=tokenizer.tgt_vocab_size,
         pad_id=PAD_ID,
+        bos_id=BOS_ID,
+        eos_id=EOS_ID,
     )
     cfg = dataclasses.replace(cfg, model=model_cfg)
     saved = run_dir / ckpt.CONFIG

@@ -18,7 +18,7 @@ from nanomt.decode import Hypothesis, beam_search, greedy, sample
 from nanomt.ensemble import Ensemble
 from nanomt.model import Transformer, prune_output
 from nanomt.quantize import quantize_int8
-from nanomt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from nanomt.tokenizer import Tokenizer
 
 log = logging.getLogger("nanomt")
 
@@ -92,7 +92,7 @@ class Translator:
         too_long = sum(len(s) > self.max_src_tokens for s in ids)
         if too_long:
             log.warning("%d input line(s) longer than %d tokens were truncated", too_long, self.max_src_tokens)
-        return [s[: self.max_src_tokens] + [EOS_ID] if s else [] for s in ids]
+        return [s[: self.max_src_tokens] + [self.cfg.model.eos_id] if s else [] for s in ids]
 
     def _max_len(self, src_len: int) -> int:
         d = self.cfg.decode
@@ -131,7 +131,7 @@ class Translator:
         for k, batch in enumerate(batches):
             idx = todo[batch]
             width = int(lens[idx].max())
-            src = torch.full((len(idx), width), PAD_ID, dtype=torch.long)
+            src = torch.full((len(idx), width), self.cfg.model.pad_id, dtype=torch.long)
             for row, i in enumerate(idx):
                 src[row, : lens[i]] = torch.tensor(ids[i])
             src = src.to(self.device)
@@ -140,14 +140,10 @@ class Translator:
                 # One seed a batch, derived from the given one: the same seed in every batch would draw the same
                 # random numbers for the first sentence of each.
                 settings = {**sampling, "seed": None if seed is None else seed + k}
-                outs = sample(
-                    self.model, src, self._max_len, min_len=d.min_len, bos_id=BOS_ID, eos_id=EOS_ID, **settings
-                )
+                outs = sample(self.model, src, self._max_len, min_len=d.min_len, **settings)
                 hyps = [[Hypothesis(o, 0.0, 0.0)] for o in outs]
             elif beam_size == 1 and n_best == 1:
-                hyps = [
-                    [Hypothesis(o, 0.0, 0.0)] for o in greedy(self.model, src, self._max_len, d.min_len, BOS_ID, EOS_ID)
-                ]
+                hyps = [[Hypothesis(o, 0.0, 0.0)] for o in greedy(self.model, src, self._max_len, d.min_len)]
             else:
                 hyps = beam_search(
                     self.model,
@@ -158,8 +154,7 @@ class Translator:
                     length_penalty=d.length_penalty if length_penalty is None else length_penalty,
                     length_penalty_kind=d.length_penalty_kind,
                     n_best=n_best,
-                    bos_id=BOS_ID,
-                    eos_id=EOS_ID,
+                    early_stopping=d.early_stopping,
                 )
             for i, h in zip(idx, hyps):
                 results[i] = h
@@ -180,10 +175,10 @@ class Translator:
     @torch.inference_mode()
     def attention(self, sentence: str, beam_size: int = 1) -> SentenceAttention:
         """Translate one sentence and return every layer's and head's attention weights for it."""
-        src_ids = self._encode([sentence])[0] or [EOS_ID]
+        src_ids = self._encode([sentence])[0] or [self.cfg.model.eos_id]
         tgt_ids = self.translate_hypotheses([sentence], beam_size=beam_size)[0][0].tokens
         src = torch.tensor([src_ids], device=self.device)
-        tgt_in = torch.tensor([[BOS_ID] + tgt_ids], device=self.device)  # row i predicts tgt token i
+        tgt_in = torch.tensor([[self.cfg.model.bos_id] + tgt_ids], device=self.device)  # row i predicts tgt token i
         _, weights = self.model(src, tgt_in, need_weights=True)
         to_np = lambda ws: [w[0].float().cpu().numpy() for w in ws]  # noqa: E731
         return SentenceAttention(

@@ -1,0 +1,245 @@
+"""`import_marian` against transformers: small random MarianMTModels made here (no download), saved with
+save_pretrained, imported, and compared: logits, greedy and beam-4 translations, tokenizer ids, refusals."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import sentencepiece as spm
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from nanomt.checkpoint import load_checkpoint  # noqa: E402
+from nanomt.cli import main  # noqa: E402
+from nanomt.interop import MarianImportError, import_marian  # noqa: E402
+from nanomt.synthetic import write_corpus  # noqa: E402
+from nanomt.translate import Translator  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+MAX_NEW = 12  # generated tokens, EOS included: generation_config.max_length counts the start token too
+SENTENCES = 16
+
+
+def sentencepiece_model(path: Path, vocab_size: int) -> bytes:
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(input=str(path), model_writer=model, vocab_size=vocab_size, minloglevel=2)
+    return model.getvalue()
+
+
+def pieces(model: bytes) -> list[str]:
+    sp = spm.SentencePieceProcessor(model_proto=model)
+    return [sp.id_to_piece(i) for i in range(sp.get_piece_size()) if not (sp.is_control(i) or sp.is_unknown(i))]
+
+
+def id_table(*models: bytes, pad_last: bool) -> dict[str, int]:
+    """vocab.json as Marian's conversion writes it: </s> 0, <unk> 1, the pieces, <pad> (last, or at 2)."""
+    table = {"</s>": 0, "<unk>": 1} if pad_last else {"</s>": 0, "<unk>": 1, "<pad>": 2}
+    for model in models:
+        for piece in pieces(model):
+            table.setdefault(piece, len(table))
+    table.setdefault("<pad>", len(table))
+    return table
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> dict[str, Path]:
+    return write_corpus(tmp_path_factory.mktemp("toy"), pairs=400, valid=4, test=SENTENCES)
+
+
+@pytest.fixture(scope="module", params=["shared", "separate"])
+def marian_dir(request, corpus, tmp_path_factory) -> Path:
+    """A random MarianMTModel with its tokenizer, saved as save_pretrained saves them."""
+    shared = request.param == "shared"
+    out = tmp_path_factory.mktemp(f"marian_{request.param}")
+    src, tgt = sentencepiece_model(corpus["train.src"], 60), sentencepiece_model(corpus["train.tgt"], 70)
+    (out / "source.spm").write_bytes(src)
+    (out / "target.spm").write_bytes(tgt)
+    files = {"source_spm": str(out / "source.spm"), "target_spm": str(out / "target.spm")}
+    if shared:  # one table over both models, <pad> last: the layout of the Opus-MT models
+        tables = {"vocab": id_table(src, tgt, pad_last=True)}
+    else:  # Marian's separate_vocabs: a table per side, which must agree on </s> and <pad>
+        tables = {"vocab": id_table(src, pad_last=False), "target_vocab_file": id_table(tgt, pad_last=False)}
+    for name, table in tables.items():
+        path = out / ("vocab.json" if name == "vocab" else "target_vocab.json")
+        path.write_text(json.dumps(table), encoding="utf-8")
+        files[name] = str(path)
+    tokenizer = transformers.MarianTokenizer(**files, separate_vocabs=not shared)
+    tokenizer.save_pretrained(out)
+    vocab, pad = len(tables["vocab"]), tables["vocab"]["<pad>"]
+    cfg = transformers.MarianConfig(
+        vocab_size=vocab,
+        decoder_vocab_size=len(tables.get("target_vocab_file", tables["vocab"])),
+        share_encoder_decoder_embeddings=shared,
+        tie_word_embeddings=shared,
+        d_model=16,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        max_position_embeddings=64,
+        activation_function="swish",
+        scale_embedding=True,
+        pad_token_id=pad,
+        decoder_start_token_id=pad,
+        eos_token_id=0,
+        forced_eos_token_id=None,  # nanomt cuts a translation at its max length without forcing EOS there
+    )
+    torch.manual_seed(0 if shared else 1)
+    model = transformers.MarianMTModel(cfg).eval()
+    with torch.no_grad():  # weights far from their initialization, so that every one of them shows
+        for name, p in model.named_parameters():
+            p.normal_(1.0 if "layer_norm.weight" in name else 0.0, 0.1 if "layer_norm" in name else 0.4)
+        model.final_logits_bias.normal_(0.0, 1.0)
+        model.final_logits_bias[0, 0] += 3.0  # EOS: translations of many lengths, not all cut at max_len
+    gen = model.generation_config
+    gen.num_beams, gen.max_length, gen.bad_words_ids = 4, MAX_NEW + 1, [[pad]]
+    gen.forced_eos_token_id, gen.early_stopping, gen.length_penalty = None, False, 1.0
+    model.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def imported(marian_dir, tmp_path_factory) -> Path:
+    return import_marian(marian_dir, tmp_path_factory.mktemp("run") / "run")
+
+
+@pytest.fixture(scope="module")
+def hf(marian_dir):
+    model = transformers.MarianMTModel.from_pretrained(marian_dir).eval()
+    return model, transformers.MarianTokenizer.from_pretrained(marian_dir)
+
+
+def generated(sequences: torch.Tensor, eos: int) -> list[list[int]]:
+    """generate's rows without the start token, up to the first EOS (padding after it, if any, dropped)."""
+    rows = [row[1:] for row in sequences.tolist()]
+    return [row[: row.index(eos)] if eos in row else row for row in rows]
+
+
+def test_logits_equal_transformers_on_a_padded_batch(imported, hf, corpus):
+    hf_model, hf_tok = hf
+    model, cfg, _ = load_checkpoint(imported)
+    lines = corpus["test.src"].read_text().splitlines()[:6]
+    targets = corpus["test.tgt"].read_text().splitlines()[:6]
+    batch = hf_tok(lines, text_target=targets, return_tensors="pt", padding=True)
+    assert (batch.input_ids == cfg.model.pad_id).any() and (batch.labels == cfg.model.pad_id).any()
+    decoder_in = transformers.models.marian.modeling_marian.shift_tokens_right(
+        batch.labels, cfg.model.pad_id, cfg.model.bos_id
+    )
+    with torch.no_grad():
+        ref = hf_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, decoder_input_ids=decoder_in)
+        ours = model(batch.input_ids, decoder_in)
+    diff = (ours - ref.logits).abs().max().item()
+    print(f"largest logit difference: {diff:.2e} (logits up to {ref.logits.abs().max().item():.1f})")
+    assert diff < 1e-4
+
+
+def test_tokenizer_ids_equal_marian_tokenizers(imported, hf, corpus):
+    _, hf_tok = hf
+    _, cfg, tok = load_checkpoint(imported)
+    lines = corpus["test.src"].read_text().splitlines() + [">>fra<< la zira", "Ωmega x", ""]
+    targets = corpus["test.tgt"].read_text().splitlines() + ["tha yent Ω", ""]
+    eos = cfg.model.eos_id
+    assert [ids + [eos] for ids in tok.encode_src(lines)] == hf_tok(lines).input_ids
+    assert [ids + [eos] for ids in tok.encode_tgt(targets)] == hf_tok(text_target=targets).input_ids
+    ids = tok.encode_tgt(targets[:-2])
+    assert tok.decode_tgt(ids) == hf_tok.batch_decode(ids, skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_translations_equal_generate(imported, hf, corpus, beam):
+    hf_model, hf_tok = hf
+    lines = corpus["test.src"].read_text().splitlines()
+    translator = Translator.from_checkpoint(imported)  # decoding settings from the imported config
+    ours = [h[0].tokens for h in translator.translate_hypotheses(lines, beam_size=beam)]
+    batch = hf_tok(lines, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        theirs = generated(hf_model.generate(**batch, num_beams=beam), translator.cfg.model.eos_id)
+    same = sum(a == b for a, b in zip(ours, theirs))
+    print(f"beam {beam}: {same}/{len(lines)} translations token-identical to generate")
+    assert ours == theirs
+    assert 0 < sum(len(t) < MAX_NEW for t in ours) < len(lines)  # some end with EOS, some are cut
+    assert translator.translate(lines, beam_size=beam) == hf_tok.batch_decode(theirs, skip_special_tokens=True)
+
+
+def test_imported_config_and_pytorch_bin(marian_dir, imported, tmp_path):
+    _, cfg, _ = load_checkpoint(imported)
+    m, d = cfg.model, cfg.decode
+    assert (m.sinusoidal_layout, m.output_bias, m.norm_first, m.activation) == ("halves", True, False, "swish")
+    assert m.bos_id == m.pad_id != m.eos_id == 0
+    assert (d.beam_size, d.length_penalty_kind, d.early_stopping, d.max_len_a, d.max_len_b) == (
+        4,
+        "average",
+        False,
+        0.0,
+        MAX_NEW,
+    )
+    # The same model as pytorch_model.bin (a plain state dict, read with weights_only=True).
+    hf_dir = tmp_path / "bin"
+    shutil.copytree(marian_dir, hf_dir)
+    state = transformers.MarianMTModel.from_pretrained(marian_dir).state_dict()
+    torch.save(state, hf_dir / "pytorch_model.bin")
+    (hf_dir / "model.safetensors").unlink()
+    run = import_marian(hf_dir, tmp_path / "run")
+    for name in ("model.safetensors", "config.yaml"):
+        assert (run / name).read_bytes() == (imported / name).read_bytes()
+
+
+def test_run_dir_works_with_the_cli(imported, corpus, tmp_path, capsys):
+    out = tmp_path / "out.txt"
+    main(["translate", str(imported), "--input", str(corpus["test.src"]), "--output", str(out), "--beam", "2"])
+    assert len(out.read_text().splitlines()) == SENTENCES
+    main(["evaluate", str(imported), "--src", str(corpus["test.src"]), "--ref", str(corpus["test.tgt"]), "--json"])
+    assert "bleu" in capsys.readouterr().out.lower()
+    main(["average", str(imported), str(imported), "--out", str(tmp_path / "avg")])
+    line = corpus["test.src"].read_text().splitlines()[0]
+    assert Translator.from_checkpoint(tmp_path / "avg").translate([line]) == Translator.from_checkpoint(
+        imported
+    ).translate([line])
+    main(["plot", "attention", str(imported), line, "-o", str(tmp_path / "att.png")])
+    assert (tmp_path / "att.png").stat().st_size > 0
+
+
+def edit_config(hf_dir: Path, **changes) -> None:
+    path = hf_dir / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+
+REFUSALS = [
+    ({"model_type": "bart"}, "model_type"),
+    ({"architectures": ["MarianForCausalLM"]}, "architectures"),
+    ({"normalize_before": True}, "normalize_before"),
+    ({"scale_embedding": False}, "scale_embedding"),
+    ({"decoder_attention_heads": 4}, "decoder_attention_heads"),
+    ({"activation_function": "gelu_new"}, "activation_function"),
+    ({"vocab_size": 999}, "vocab_size"),
+    ({"eos_token_id": 5}, "eos_token_id"),
+]
+
+
+@pytest.mark.parametrize(("changes", "field"), REFUSALS, ids=[f for _, f in REFUSALS])
+def test_what_does_not_map_is_refused_naming_the_field(marian_dir, tmp_path, changes, field):
+    hf_dir = tmp_path / "hf"
+    shutil.copytree(marian_dir, hf_dir)
+    edit_config(hf_dir, **changes)
+    with pytest.raises(MarianImportError, match=field) as e:
+        import_marian(hf_dir, tmp_path / "run")
+    assert "\n" not in str(e.value)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("missing", ["config.json", "model.safetensors", "source.spm", "vocab.json"])
+def test_missing_files_are_refused_by_name(marian_dir, tmp_path, missing):
+    hf_dir = tmp_path / "hf"
+    shutil.copytree(marian_dir, hf_dir)
+    (hf_dir / missing).unlink()
+    expected = "model.safetensors or pytorch_model.bin" if missing == "model.safetensors" else missing
+    with pytest.raises(MarianImportError, match=expected):
+        import_marian(hf_dir, tmp_path / "run")
