@@ -238,13 +238,14 @@ def test_resume_after_sigkill_is_bit_exact(toy_corpus, tmp_path):
 
     run, flag = tmp_path / "killed", tmp_path / "stalled"
     args = [sys.executable, "-c", STALLING_CLI, str(flag), "16", "train", str(cfg), "--run-dir", str(run)]
-    proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 300
-    while not flag.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    _, err = proc.communicate()
-    assert flag.exists(), f"the run never reached step 16: {err}"
+    with open(tmp_path / "stderr.txt", "w") as err:  # a file: a pipe nobody reads may fill and block the run
+        proc = subprocess.Popen(args, stderr=err)
+        deadline = time.time() + 300
+        while not flag.exists() and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert flag.exists(), f"the run never reached step 16: {(tmp_path / 'stderr.txt').read_text()}"
     assert [s for s, _ in step_dirs(run)] == [10]  # killed after step 15, with steps 11-15 lost
     assert [r["step"] for r in read_metrics(run)][-1] == 15
     resumed = run_cli("train", str(cfg), "--run-dir", str(run))
