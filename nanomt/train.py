@@ -483,7 +483,7 @@ def train(cfg: Config, run_dir: str | Path) -> Path:
     window = Window()
     model.train()
     with sigint_requests_stop(rt.is_main) as stop, contextlib.closing(bar):
-        while not done(state, tc):
+        while not done(state, ep, tc):
             t0 = time.perf_counter()
             group, ep = next_group(data, ep, state, model, cfg, rt)
             loss = backward(model, ddp_model, group, scaler, cfg, rt)
@@ -551,11 +551,13 @@ def rank0_value(value: float, rt: Runtime) -> float:
     return t.item()
 
 
-def done(state: TrainState, tc: TrainConfig) -> bool:
+def done(state: TrainState, ep: Epoch, tc: TrainConfig) -> bool:
     """Whether a stopping criterion (steps, epochs, wall-clock minutes) is met."""
     if state.step >= tc.max_steps:
         return True
-    if tc.max_epochs is not None and state.epoch >= tc.max_epochs:
+    # An epoch whose batches are all trained counts as done, before the next one is drawn.
+    epochs_done = state.epoch + (state.batch_pos >= len(ep.batches))
+    if tc.max_epochs is not None and epochs_done >= tc.max_epochs:
         return True
     return tc.max_minutes is not None and state.elapsed >= tc.max_minutes * 60
 

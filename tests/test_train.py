@@ -2,8 +2,10 @@
 
 import json
 import math
+import shutil
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -12,8 +14,11 @@ import torch.nn.functional as F
 import yaml
 from conftest import NANOMT, tiny_config
 
-from nanomt.checkpoint import WEIGHTS, load_checkpoint, read_weights, step_dirs
-from nanomt.config import TrainConfig, config_from_dict
+from nanomt.checkpoint import WEIGHTS, average_checkpoints, load_checkpoint, read_weights, step_dirs
+from nanomt.config import BOS_ID, EOS_ID, PAD_ID, TrainConfig, config_from_dict, load_config
+from nanomt.data import binarize, both_directions, make_batches, output_ids
+from nanomt.plots import read_metrics as read_metrics_file
+from nanomt.tokenizer import Tokenizer
 from nanomt.train import label_smoothed_loss, lr_at, train
 
 
@@ -314,3 +319,87 @@ def test_two_process_ddp_equals_one_process_with_accumulation(toy_corpus, tmp_pa
     losses_one = [r["loss"] for r in read_metrics(tmp_path / "one") if "loss" in r]
     losses_two = [r["loss"] for r in read_metrics(tmp_path / "two") if "loss" in r]
     assert losses_one == pytest.approx(losses_two, rel=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Bidirectional training (train.bidirectional_epochs): the first epochs also train every pair reversed.
+
+
+@pytest.fixture(scope="module")
+def bidir_config(toy_corpus):
+    raw = tiny_config(
+        toy_corpus, max_steps=40, max_tokens=8000, bidirectional_epochs=1, save_every=1, keep_last=100, log_every=1
+    )
+    raw["train"]["eval_every"] = 1000
+    raw["data"]["shared_vocab"] = True
+    raw["model"].update(share_embeddings=True, tie_output=True, restrict_output=True)
+    return raw
+
+
+@pytest.fixture(scope="module")
+def bidir_run(bidir_config, tmp_path_factory):
+    return train(config_from_dict(bidir_config), tmp_path_factory.mktemp("bidir") / "run")
+
+
+def test_the_first_epoch_holds_both_directions_and_scores_both_sides_ids(bidir_run):
+    run = bidir_run
+    cfg = load_config(run / "config.yaml")
+    tok = Tokenizer.load(run / "tokenizer")
+    max_len = min(cfg.data.max_len, cfg.model.max_positions - 1)
+    corpus = binarize(cfg.data, "train", tok, run / "bin", max_len=max_len)
+    both = both_directions(corpus)
+    tc = cfg.train
+    n_bidir = len(make_batches(both.src_lens, both.tgt_lens, tc.max_tokens, tc.seed, 0))
+    n_plain = [len(make_batches(corpus.src_lens, corpus.tgt_lens, tc.max_tokens, tc.seed, e)) for e in (1, 2, 3)]
+    want = [0] * n_bidir + [1] * n_plain[0] + [2] * n_plain[1] + [3] * n_plain[2]
+    epochs = [r["epoch"] for r in read_metrics_file(run / "metrics.jsonl") if "loss" in r]
+    assert n_plain[0] < n_bidir < 40 and epochs == want[:40]
+    # Epoch 0's output layer scores what either side uses; from epoch 1 on, only the targets' ids.
+    mask = {}
+    for bidir, c in ((True, both), (False, corpus)):
+        mask[bidir] = torch.zeros(tok.tgt_vocab_size, dtype=torch.bool)
+        mask[bidir][output_ids(c)] = True
+        mask[bidir][: PAD_ID + 1] = True
+    assert mask[False].sum() < mask[True].sum()  # the toy pair's two sides use different subwords
+    for step, step_dir in step_dirs(run):
+        got = read_weights(step_dir / WEIGHTS)["output_mask"]
+        assert torch.equal(got, mask[step <= n_bidir]), step
+
+
+def test_a_run_resumed_in_its_bidirectional_epoch_ends_on_the_same_weights(bidir_run, bidir_config, tmp_path):
+    split = tmp_path / "split"
+    shutil.copytree(bidir_run, split)
+    for step, step_dir in step_dirs(split):
+        if step > 5:  # resume from step 5, inside the reversed-pairs epoch
+            shutil.rmtree(step_dir)
+    wide = read_weights(dict(step_dirs(split))[5] / WEIGHTS)["output_mask"]
+    assert wide.sum() > read_weights(dict(step_dirs(bidir_run))[40] / WEIGHTS)["output_mask"].sum()  # epoch 0
+    train(config_from_dict(bidir_config), split)
+    a, b = (read_weights(dict(step_dirs(r))[40] / WEIGHTS) for r in (bidir_run, split))
+    assert all(torch.equal(a[name], b[name]) for name in a)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# model.restrict_output: a run's output layer scores the ids of its training targets.
+
+
+@pytest.fixture(scope="module")
+def restricted_run(toy_corpus, tmp_path_factory):
+    cfg = tiny_config(toy_corpus, max_steps=20, eval_every=10, save_every=10, keep_last=5)
+    cfg["data"]["shared_vocab"] = True
+    cfg["model"].update(share_embeddings=True, tie_output=True, restrict_output=True)
+    return train(config_from_dict(cfg), tmp_path_factory.mktemp("restricted") / "run")
+
+
+def test_a_run_keeps_the_training_targets_ids_in_every_checkpoint(restricted_run):
+    run = restricted_run
+    tok = Tokenizer.load(run / "tokenizer")
+    model, cfg, _ = load_checkpoint(run)
+    corpus = binarize(cfg.data, "train", tok, run / "bin", max_len=cfg.model.max_positions - 1)
+    expected = sorted({PAD_ID, *output_ids(corpus).tolist()})
+    assert model.output_ids.tolist() == expected and len(expected) < tok.tgt_vocab_size  # the shared vocab's
+    assert EOS_ID in expected and BOS_ID not in expected
+    for _, step_dir in step_dirs(run):
+        assert torch.equal(read_weights(step_dir / WEIGHTS)["output_mask"], model.output_mask)
+    avg, _, _ = load_checkpoint(average_checkpoints([d for _, d in step_dirs(run)], run.parent / "avg"))
+    assert avg.output_ids.tolist() == expected

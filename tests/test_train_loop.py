@@ -96,11 +96,6 @@ def test_the_kept_weights_are_those_of_the_best_validation_bleu(small_corpus, tm
     assert_equal_weights({k: v for k, v in model.state_dict().items() if k in kept}, kept)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="nanomt/train.py: the best score starts at -1.0 and a loss-only score is -valid_loss (< -1 while the "
-    "loss is above 1), so the first evaluation's weights are kept for good",
-)
 def test_without_bleu_the_kept_weights_are_those_of_the_lowest_validation_loss(small_corpus, tmp_path, monkeypatch):
     def lr_with_a_bad_step(step, *args, **kwargs):  # a huge last step: the loss rises, the last weights are worst
         return 0.5 if step == 3 else lr_at(step, *args, **kwargs)
@@ -217,11 +212,6 @@ def test_accumulating_two_batches_equals_one_merged_batch(small_corpus, tmp_path
         torch.testing.assert_close(w_accumulated[name], w_merged[name], rtol=0, atol=2e-6, msg=name)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="nanomt/train.py: done() checks the epoch only after a group from epoch max_epochs has been trained, "
-    "so a run takes one group too many",
-)
 @pytest.mark.parametrize("accum_steps", [1, 2])
 def test_max_epochs_stops_after_that_many_passes_over_the_data(small_corpus, tmp_path, accum_steps):
     cfg = small_config(small_corpus, valid=False, max_steps=1000, max_tokens=400, log_every=1, save_every=1000)
