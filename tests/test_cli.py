@@ -175,6 +175,7 @@ def test_average_is_the_mean_and_a_complete_checkpoint(run_dir, tmp_path):
     assert res.returncode == 0 and res.stdout.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_plots_from_the_cli(run_dir, tmp_path):
     for args in (
         ("attention", run_dir, "la nuka belur korat.", "-o", tmp_path / "att.png"),
@@ -208,6 +209,7 @@ def test_synth_writes_the_toy_pair(tmp_path):
     ]
 
 
+@pytest.mark.slow
 def test_demo_runs_end_to_end(tmp_path):
     res = cli("demo", "--out", tmp_path / "demo", "--steps", 20, "--pairs", 1000)
     assert res.returncode == 0, res.stderr

@@ -66,6 +66,7 @@ print(faults(10))
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc malloc settings")
+@pytest.mark.slow
 def test_training_reuses_freed_memory_instead_of_faulting_it_in_again():
     chosen = set(runtime.user_allocator_settings())
     env = {k: v for k, v in os.environ.items() if k not in chosen}
@@ -85,6 +86,7 @@ def test_training_reuses_freed_memory_instead_of_faulting_it_in_again():
     assert res.returncode == 0, res.stderr
 
 
+@pytest.mark.slow
 def test_onednn_kernel_cache_is_raised_unless_the_user_set_it():
     """Importing nanomt raises oneDNN's kernel cache (length-bucketed batches thrash 1,024); a user's value wins."""
     code = "import os, nanomt; print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'])"

@@ -51,6 +51,7 @@ def test_linear_schedule_ends_with_the_clock_when_max_minutes_runs_out_first():
     )
 
 
+@pytest.mark.slow
 def test_time_budgeted_run_ends_with_the_lr_near_zero(toy_corpus, tmp_path):
     """With a step budget it cannot reach, a linear run decays over max_minutes and stops when they run out."""
     peak, budget, slack = 3e-3, 3.0, 0.05  # slack: elapsed_s is rounded, and counts a little after the step
@@ -167,6 +168,7 @@ runpy.run_module("nanomt.cli", run_name="__main__")
 """
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_is_bit_exact(toy_corpus, tmp_path):
     cfg = write_config(tmp_path, tiny_config(toy_corpus, max_steps=40, save_every=10, eval_every=20))
     ref = run_cli("train", str(cfg), "--run-dir", str(tmp_path / "ref"))
@@ -195,6 +197,7 @@ def test_resume_after_sigkill_is_bit_exact(toy_corpus, tmp_path):
     assert [r["step"] for r in read_metrics(run)] == [r["step"] for r in read_metrics(tmp_path / "ref")]
 
 
+@pytest.mark.slow
 def test_bpe_dropout_run_resumes_bit_exact_across_epochs(toy_corpus, tmp_path):
     """A run stopped mid-epoch and resumed re-draws the same segmentations: the weights equal an unbroken run's."""
     base = tiny_config(toy_corpus, max_tokens=20000, save_every=4, keep_last=10, eval_every=1000)  # ~6 steps an epoch
@@ -218,6 +221,7 @@ def test_bpe_dropout_run_resumes_bit_exact_across_epochs(toy_corpus, tmp_path):
     assert any(not torch.equal(c[n], d[n]) for n in c)  # and the dropout really changed what was trained on
 
 
+@pytest.mark.slow
 def test_ctrl_c_saves_a_checkpoint_and_exits(toy_corpus, tmp_path):
     """The command's side of Ctrl-C (test_train_loop.py checks the checkpoint's step and the resume)."""
     cfg = write_config(tmp_path, tiny_config(toy_corpus, max_steps=100000, save_every=100000, eval_every=100000))
@@ -236,6 +240,7 @@ def test_ctrl_c_saves_a_checkpoint_and_exits(toy_corpus, tmp_path):
     load_checkpoint(steps[0][1])
 
 
+@pytest.mark.slow
 def test_non_finite_loss_stops_with_a_clear_message(toy_corpus, tmp_path):
     cfg = write_config(tmp_path, tiny_config(toy_corpus, lr=1e30, warmup_steps=1, clip_norm=0.0, save_every=1))
     res = run_cli("train", str(cfg), "--run-dir", str(tmp_path / "run"))
@@ -256,6 +261,7 @@ def test_non_finite_loss_stops_with_a_clear_message(toy_corpus, tmp_path):
         ("unknown_key", ["warmup", "train"]),
     ],
 )
+@pytest.mark.slow
 def test_bad_input_is_one_line_error(toy_corpus, tmp_path, problem, words):
     cfg = tiny_config(toy_corpus)
     if problem == "missing":
@@ -281,6 +287,7 @@ def test_bad_input_is_one_line_error(toy_corpus, tmp_path, problem, words):
     assert not step_dirs(tmp_path / "run")
 
 
+@pytest.mark.slow
 def test_set_overrides_and_config_mismatch_on_resume(toy_corpus, tmp_path):
     cfg = write_config(tmp_path, tiny_config(toy_corpus, max_steps=10, eval_every=10, save_every=10))
     run = tmp_path / "run"
@@ -293,6 +300,7 @@ def test_set_overrides_and_config_mismatch_on_resume(toy_corpus, tmp_path):
     assert typo.returncode == 1 and "train.max_steps" in typo.stderr
 
 
+@pytest.mark.slow
 def test_two_process_ddp_equals_one_process_with_accumulation(toy_corpus, tmp_path):
     """Two torchrun ranks with one batch each make the same update as one process accumulating both batches."""
     # max_minutes, never reached, makes the ranks share rank 0's clock (so they cannot stop at different steps).

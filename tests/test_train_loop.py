@@ -59,6 +59,7 @@ def assert_equal_weights(a: dict, b: dict) -> None:
         assert torch.equal(a[name], b[name]), name
 
 
+@pytest.mark.slow
 def test_a_trained_model_reads_its_source(toy_corpus, tmp_path, one_thread):
     """Validation BLEU above what a model trained on shuffled sources (a target-only language model) reaches."""
     shuffled = tmp_path / "shuffled.src"
