@@ -202,6 +202,12 @@ def cmd_synth(args: argparse.Namespace) -> None:
         print(f"{split}: {pairs} pairs in {src} and {tgt}")
 
 
+def cmd_import(args: argparse.Namespace) -> None:
+    from nanomt.interop import import_marian
+
+    print(f"run directory: {import_marian(args.hf_dir, args.out)}")
+
+
 def cmd_demo(args: argparse.Namespace) -> None:
     from nanomt.demo import run_demo
 
@@ -356,6 +362,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--pairs", type=int, default=20000, help="training pairs (valid and test have 500 each)")
     s.add_argument("--seed", type=int, default=0, help="random seed: the same seed writes the same files")
     s.set_defaults(func=cmd_synth)
+
+    s = sub.add_parser("import", help="another toolkit's model as a nanomt run directory")
+    import_sub = s.add_subparsers(dest="toolkit", required=True, metavar="TOOLKIT")
+    a = import_sub.add_parser(
+        "marian", help="a Hugging Face Marian directory (config.json, weights, source.spm, target.spm, vocab.json)"
+    )
+    a.add_argument("hf_dir", help="the directory save_pretrained wrote (e.g. a downloaded opus-mt model)")
+    a.add_argument("--out", required=True, help="the run directory to write")
+    s.set_defaults(func=cmd_import)
 
     s = sub.add_parser("demo", help="train on the toy language pair and show translations and attention")
     s.add_argument("--out", default="runs/demo", help="where the data, run and pictures go")

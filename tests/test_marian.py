@@ -192,7 +192,11 @@ def test_imported_config_and_pytorch_bin(marian_dir, imported, tmp_path):
         assert (run / name).read_bytes() == (imported / name).read_bytes()
 
 
-def test_run_dir_works_with_the_cli(imported, corpus, tmp_path, capsys):
+def test_run_dir_works_with_the_cli(marian_dir, imported, corpus, tmp_path, capsys):
+    main(["import", "marian", str(marian_dir), "--out", str(tmp_path / "cli_run")])
+    assert capsys.readouterr().out.strip() == f"run directory: {tmp_path / 'cli_run'}"
+    for name in ("config.yaml", "model.safetensors"):
+        assert (tmp_path / "cli_run" / name).read_bytes() == (imported / name).read_bytes()
     out = tmp_path / "out.txt"
     main(["translate", str(imported), "--input", str(corpus["test.src"]), "--output", str(out), "--beam", "2"])
     assert len(out.read_text().splitlines()) == SENTENCES
