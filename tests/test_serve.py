@@ -222,6 +222,9 @@ class CountingTranslator:
         self.inside = self.most_inside = 0
         self.guard = threading.Lock()
 
+    def __getattr__(self, name):  # tokenizer, attention, ...: the wrapped Translator's
+        return getattr(self.inner, name)
+
     def translate(self, sentences, **kwargs):
         with self.guard:
             self.inside += 1
@@ -254,6 +257,9 @@ class GatedTranslator:
     def __init__(self, inner: Translator):
         self.inner, self.cfg, self.device, self.int8 = inner, inner.cfg, inner.device, inner.int8
         self.decoding, self.gate = threading.Event(), threading.Event()
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
 
     def translate(self, sentences, **kwargs):
         self.decoding.set()
