@@ -554,6 +554,7 @@ def create_app(
         yield
         if batching:  # uvicorn got here after the requests in flight were answered: finish the queue, stop
             await asyncio.to_thread(engine.close, 60)
+            log.info("queue drained, decoder stopped")
 
     app = FastAPI(
         title="nanomt",
