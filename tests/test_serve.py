@@ -126,7 +126,8 @@ def test_health_page_and_docs(client, translator):
     assert health["limits"] == {"max_sentences": 4, "max_chars": 300, "max_beam": 16}
     page = client.get("/")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
-    for marker in ('id="source"', 'id="translate"', 'id="translation"', 'id="heatmap"', 'id="layer"', 'id="head"'):
+    markers = ('id="source"', 'id="translate"', 'id="translation"', 'id="heatmap"', 'id="layer"', 'id="head"')
+    for marker in (*markers, 'id="api-key"'):
         assert marker in page.text
     assert client.get("/docs").status_code == 200
     paths = client.get("/openapi.json").json()["paths"]
