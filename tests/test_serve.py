@@ -320,6 +320,7 @@ class RecordingTranslator:
     def __init__(self, inner: Translator):
         self.inner, self.cfg, self.device, self.int8 = inner, inner.cfg, inner.device, inner.int8
         self.calls: list[tuple[list[str], dict]] = []
+        self.returned = 0  # calls that have come back from the model
         self.decoding, self.gate = threading.Event(), threading.Event()
 
     def __getattr__(self, name):
@@ -332,11 +333,17 @@ class RecordingTranslator:
 
     def translate(self, sentences, **kwargs):
         self._enter(sentences, kwargs)
-        return self.inner.translate(sentences, **kwargs)
+        try:
+            return self.inner.translate(sentences, **kwargs)
+        finally:
+            self.returned += 1
 
     def attention(self, sentence, **kwargs):
         self._enter([sentence], {"attention": True, **kwargs})
-        return self.inner.attention(sentence, **kwargs)
+        try:
+            return self.inner.attention(sentence, **kwargs)
+        finally:
+            self.returned += 1
 
 
 def wait_until(condition, what: str, timeout: float = 120) -> None:
@@ -465,14 +472,15 @@ def test_a_full_queue_is_a_503_at_once(translator, sentences):
 
 def test_a_timeout_is_a_504_its_sentences_are_dropped_and_the_server_goes_on(translator, sentences):
     recording = RecordingTranslator(translator)
-    app = create_app(recording, timeout=1.0, max_wait_ms=0)
+    app = create_app(recording, timeout=2.0, max_wait_ms=0)
     with TestClient(app) as c, ThreadPoolExecutor(2) as pool:
         busy = pool.submit(c.post, "/translate", json={"text": sentences[0], "beam_size": 1})
         assert recording.decoding.wait(timeout=120)
         late = c.post("/translate", json={"text": ["dropped " + sentences[1]], "beam_size": 1})
-        assert late.status_code == 504 and "timeout of 1 s" in late.json()["error"], late.text
+        assert late.status_code == 504 and "timeout of 2 s" in late.json()["error"], late.text
         assert busy.result(timeout=120).status_code == 504  # in flight when its time ran out: 504 too
         recording.gate.set()
+        wait_until(lambda: recording.returned == 1, "the decoding in flight finished")  # C gets its 2 s alone
         res = c.post("/translate", json={"text": sentences[2], "beam_size": 1})
         assert res.status_code == 200
         assert res.json()["translations"] == translator.translate([sentences[2]], beam_size=1)
@@ -695,7 +703,7 @@ def test_load_on_a_real_server(server, translator, sentences):
 def test_sigterm_stops_accepting_and_answers_what_came_in(run_dir, translator, many, tmp_path):
     # A long batching wait holds the requests in the queue while the signal arrives; the key comes from the
     # environment.
-    args = ("--max-wait-ms", "4000", "--beam", "1")
+    args = ("--max-wait-ms", "6000", "--beam", "1")
     proc, url, log = start_server_retrying(run_dir, tmp_path, args, env={"NANOMT_API_KEY": "k3y"})
     try:
         assert httpx.post(url + "/translate", json={"text": "a"}, timeout=60).status_code == 403
