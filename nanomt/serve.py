@@ -153,8 +153,8 @@ class LibreTranslateRequest(BaseModel):
 class LibreTranslateResponse(BaseModel):
     """LibreTranslate's answer: one string for one text, a list for a list."""
 
-    translatedText: str | list[str]  # noqa: N815 (LibreTranslate's field name)
-    detectedLanguage: dict | list[dict] | None = None  # noqa: N815 (only when source is auto)
+    translatedText: str | list[str]  # LibreTranslate's field name
+    detectedLanguage: dict | list[dict] | None = None  # only when source is auto
 
 
 class DetectRequest(BaseModel):
@@ -528,6 +528,7 @@ def create_app(
         raise ValueError(f"beam size must be in 1..{MAX_BEAM}, got {default_beam}")
     if timeout is not None and timeout <= 0:
         raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+    api_key = api_key or None  # an empty key is no key
     source, target = languages or language_codes(translator)
     budget = max_batch_tokens or translator.cfg.decode.max_tokens
 
@@ -571,6 +572,8 @@ def create_app(
     async def decode(request: Request, key: tuple, texts: list[str]) -> list:
         """The results for `texts` (decoded with others of the same key), or a 503 (queue full) or 504 (timeout)."""
         request.state.sentences = len(texts)
+        if not texts:  # e.g. an HTML document of tags only
+            return []
         tokens = count_tokens(texts)
         if not batching:
             return await engine(key, texts, tokens)
@@ -625,7 +628,7 @@ def create_app(
         if req.format == "html":
             docs = [html_texts(t) for t in texts]
             pieces = [pieces[i] for pieces, todo in docs for i in todo]
-            done = await decode(request, ("search", default_beam), [" ".join(p.split()) for p in pieces])
+            done = await decode(request, ("search", default_beam), [" ".join(html.unescape(p).split()) for p in pieces])
             out, at = [], 0
             for pieces, todo in docs:
                 out.append(html_join(pieces, todo, done[at : at + len(todo)]))

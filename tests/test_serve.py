@@ -513,6 +513,10 @@ def test_libretranslate_requests_and_responses(client, translator, sentences):
     res = client.post("/translate", json={"q": doc, "source": "src", "target": "tgt", "format": "html"})
     t0, t1 = (html.escape(t, quote=False) for t in libre(translator, sentences[:2]))
     assert res.json()["translatedText"] == f"<p>{t0} <b>{t1}</b></p><script>var x = '{sentences[2]}';</script>"
+    res = client.post("/translate", json={"q": "<br/>&amp; ", "source": "src", "target": "tgt", "format": "html"})
+    assert res.json() == {"translatedText": "<br/>" + html.escape(libre(translator, ["&"])[0], quote=False) + " "}
+    res = client.post("/translate", json={"q": ["<p></p>", ""], "source": "src", "target": "tgt", "format": "html"})
+    assert res.json() == {"translatedText": ["<p></p>", ""]}
     # Errors come back with LibreTranslate's "error" field.
     for body, status, message in [
         ({"q": "a", "source": "xx", "target": "tgt"}, 400, "xx is not supported"),
