@@ -2,14 +2,15 @@
 
     python -m benchmarks.serve_load --checkpoint RUN --sentences FILE   # benchmarks/results/serve_load.json
 
-For each server kind a real `nanomt serve` process starts on 127.0.0.1 and a free port; after a warm-up, 1, 4, 16
-and 64 clients (--clients) each send --requests-per-client requests one after another (a client stops early once a
+For each server kind a real `nanomt serve` process starts on 127.0.0.1 and a free port. After a warm-up (every
+level once, --warmup-requests-per-client requests a client, the sentences from the end of the list), 1, 4, 16 and
+64 clients (--clients) each send --requests-per-client requests one after another (a client stops early once a
 level has run --max-seconds), each request --sentences-per-request lines of FILE, taken in turn. Reported per level:
 sentences/s (translated sentences over the level's wall time), request latency p50/p95/p99, errors (any answer but
-a 200, or no answer), and the mean sentences a decoding batch from the server's /metrics. The translations of both
-servers are compared sentence by sentence (float32: batching must change none). The load generator runs in this
-process (asyncio, one connection a client) and takes its share of the cores: on a 2-core machine the server gets
-less than 2, for both kinds alike.
+a 200, or no answer), and from the server's /metrics the mean sentences a decoding batch and the share of the wall
+time the model spent decoding. The translations of both servers are compared sentence by sentence (float32:
+batching must change none). The load generator runs in this process (asyncio, one connection a client) and takes
+its share of the cores: on a 2-core machine the server gets less than 2, for both kinds alike.
 """
 
 from __future__ import annotations
@@ -80,14 +81,16 @@ def stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-def batch_stats(url: str) -> tuple[float, float]:
-    """(sum, count) of the server's batch-size histogram (nanomt_batch_sentences); zeros for the one-lock server."""
-    text = httpx.get(url + "/metrics", timeout=30).text
-    for family in text_string_to_metric_families(text):
-        if family.name == "nanomt_batch_sentences":
-            values = {s.name: s.value for s in family.samples}
-            return values["nanomt_batch_sentences_sum"], values["nanomt_batch_sentences_count"]
-    return 0.0, 0.0
+def server_stats(url: str) -> dict[str, float]:
+    """The server's batch-size histogram (sum, count; zeros for the one-lock server) and its decoding seconds."""
+    samples = {
+        s.name: s.value
+        for family in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=30).text)
+        for s in family.samples
+        if not s.labels
+    }
+    keys = ("nanomt_batch_sentences_sum", "nanomt_batch_sentences_count", "nanomt_decode_seconds_total")
+    return {k: samples.get(k, 0.0) for k in keys}
 
 
 async def level(url: str, clients: int, args: argparse.Namespace, lines: list[str], seen: dict) -> dict:
@@ -144,14 +147,20 @@ def run_kind(kind: str, args: argparse.Namespace, lines: list[str], tmp: Path) -
     seen: dict[str, str] = {}
     rows = []
     try:
-        warm = argparse.Namespace(**{**vars(args), "requests_per_client": 2, "max_seconds": 60})
-        asyncio.run(level(url, 4, warm, lines, {}))
+        # Warm-up at every level: oneDNN compiles a kernel per matrix shape the first time it meets it, and a
+        # batching server meets more shapes (sentences x length) than a one-lock one; a server that has run a
+        # while has them all.
+        warm = argparse.Namespace(**{**vars(args), "requests_per_client": args.warmup_requests_per_client})
         for clients in args.clients:
-            before = batch_stats(url)
+            asyncio.run(level(url, clients, warm, lines[::-1], {}))
+        for clients in args.clients:
+            before = server_stats(url)
             row = asyncio.run(level(url, clients, args, lines, seen))
-            after = batch_stats(url)
-            batches = after[1] - before[1]
-            row["mean_batch_sentences"] = round((after[0] - before[0]) / batches, 2) if batches else None
+            d = {k: v - before[k] for k, v in server_stats(url).items()}
+            batches = d["nanomt_batch_sentences_count"]
+            row["mean_batch_sentences"] = round(d["nanomt_batch_sentences_sum"] / batches, 2) if batches else None
+            # The share of the level's wall time the model was decoding: below 1, the server waited for requests.
+            row["decoding_share"] = round(d["nanomt_decode_seconds_total"] / row["seconds"], 2)
             rows.append(row)
             print(f"{kind:9s} {clients:3d} clients: {json.dumps(row)}", flush=True)
     finally:
@@ -165,6 +174,7 @@ def main() -> None:
     p.add_argument("--sentences", type=Path, required=True, help="source sentences, one a line")
     p.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16, 64])
     p.add_argument("--requests-per-client", type=int, default=12)
+    p.add_argument("--warmup-requests-per-client", type=int, default=3, help="at every level, before measuring")
     p.add_argument("--sentences-per-request", type=int, default=1)
     p.add_argument("--max-seconds", type=float, default=90.0, help="a level's clients stop starting requests after")
     p.add_argument("--kinds", nargs="+", choices=list(KINDS), default=list(KINDS))
@@ -210,6 +220,7 @@ def main() -> None:
         "lines_used": len(lines),
         "sentences_per_request": args.sentences_per_request,
         "requests_per_client": args.requests_per_client,
+        "warmup_requests_per_client_at_every_level": args.warmup_requests_per_client,
         "max_seconds_per_level": args.max_seconds,
         "server": {
             "beam": args.beam,
