@@ -219,8 +219,22 @@ def cmd_serve(args: argparse.Namespace) -> None:
     try:
         from nanomt.serve import serve
     except ImportError as e:  # fastapi and uvicorn are an optional extra
-        print(f"nanomt: error: serve needs FastAPI and uvicorn ({e}); pip install 'nanomt[serve]'", file=sys.stderr)
+        print(
+            f"nanomt: error: serve needs FastAPI, uvicorn and prometheus_client ({e}); pip install 'nanomt[serve]'",
+            file=sys.stderr,
+        )
         sys.exit(1)
+    for flag, value, least in [
+        ("--max-batch-tokens", args.max_batch_tokens, 1),
+        ("--max-wait-ms", args.max_wait_ms, 0),
+        ("--queue-size", args.queue_size, 1),
+    ]:
+        if value is not None and value < least:
+            print(f"nanomt: error: {flag} must be >= {least}, got {value}", file=sys.stderr)
+            sys.exit(2)
+    if args.timeout <= 0:
+        print(f"nanomt: error: --timeout must be > 0 seconds, got {args.timeout}", file=sys.stderr)
+        sys.exit(2)
     serve(
         args.checkpoint,
         host=args.host,
@@ -229,6 +243,12 @@ def cmd_serve(args: argparse.Namespace) -> None:
         max_batch_tokens=args.max_batch_tokens,
         device=args.device,
         int8=args.int8,
+        batching=not args.one_lock,
+        max_wait_ms=args.max_wait_ms,
+        queue_size=args.queue_size,
+        timeout=args.timeout,
+        api_key=args.api_key,
+        access_logs=not args.no_access_log,
     )
 
 
@@ -383,7 +403,44 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     s.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
     s.add_argument("--beam", type=int, default=None, help="default beam size (default: the checkpoint's)")
-    s.add_argument("--max-batch-tokens", type=int, default=None, help="source tokens per decoding batch")
+    s.add_argument(
+        "--max-batch-tokens",
+        type=int,
+        default=None,
+        help="source tokens per decoding batch: requests waiting together share one up to this budget "
+        "(default: the checkpoint's decode.max_tokens)",
+    )
+    s.add_argument(
+        "--max-wait-ms",
+        type=float,
+        default=5.0,
+        help="how long the oldest waiting request may wait for others to share its batch (default 5)",
+    )
+    s.add_argument(
+        "--queue-size",
+        type=int,
+        default=256,
+        help="requests that may wait for the model; one more is answered 503 with Retry-After (default 256)",
+    )
+    s.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        help="seconds a request may take; past it the answer is 504 and its sentences are dropped (default 60)",
+    )
+    s.add_argument(
+        "--api-key",
+        default=None,
+        help="require this key (body api_key, or the header Authorization: Bearer KEY) on /translate, /attention "
+        "and /detect; default: the environment variable NANOMT_API_KEY, else no key (prefer the variable: "
+        "a command line is visible to other users of the machine)",
+    )
+    s.add_argument(
+        "--one-lock",
+        action="store_true",
+        help="decode every request alone behind one lock, without the batching queue (to compare with)",
+    )
+    s.add_argument("--no-access-log", action="store_true", help="no JSON access log lines on stderr")
     s.add_argument("--device", default="cpu", help=DEVICE_HELP)
     s.add_argument("--int8", action="store_true", help=INT8_HELP)
     s.set_defaults(func=cmd_serve)

@@ -1,6 +1,9 @@
 """nanomt serve: the JSON API via TestClient, a load test on a real server process, the page in headless Chromium."""
 
+import html
+import json
 import os
+import signal
 import socket
 import subprocess
 import threading
@@ -17,13 +20,19 @@ from nanomt.config import config_from_dict
 from nanomt.train import train
 from nanomt.translate import Translator
 
-SERVE_EXTRA = "nanomt serve needs FastAPI, uvicorn and (for these tests) httpx: pip install 'nanomt[serve]' httpx"
+SERVE_EXTRA = (
+    "nanomt serve needs FastAPI, uvicorn, prometheus_client; these tests httpx: pip install 'nanomt[serve]' httpx"
+)
 pytest.importorskip("fastapi", reason=SERVE_EXTRA)
 pytest.importorskip("uvicorn", reason=SERVE_EXTRA)
 httpx = pytest.importorskip("httpx", reason=SERVE_EXTRA)
+pytest.importorskip("prometheus_client", reason=SERVE_EXTRA)
 
 from fastapi.testclient import TestClient  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
+import nanomt.serve  # noqa: E402
+from nanomt.quantize import quantize_int8  # noqa: E402
 from nanomt.serve import create_app  # noqa: E402
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
@@ -56,6 +65,12 @@ def translator(run_dir):
 @pytest.fixture(scope="module")
 def sentences(toy_corpus):
     return toy_corpus["test.src"].read_text().splitlines()[:6]
+
+
+@pytest.fixture(scope="module")
+def many(toy_corpus):
+    """40 test sentences of varied lengths."""
+    return toy_corpus["test.src"].read_text().splitlines()[:40]
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +126,8 @@ def test_health_page_and_docs(client, translator):
     assert health["limits"] == {"max_sentences": 4, "max_chars": 300, "max_beam": 16}
     page = client.get("/")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
-    for marker in ('id="source"', 'id="translate"', 'id="translation"', 'id="heatmap"', 'id="layer"', 'id="head"'):
+    markers = ('id="source"', 'id="translate"', 'id="translation"', 'id="heatmap"', 'id="layer"', 'id="head"')
+    for marker in (*markers, 'id="api-key"'):
         assert marker in page.text
     assert client.get("/docs").status_code == 200
     paths = client.get("/openapi.json").json()["paths"]
@@ -222,6 +238,9 @@ class CountingTranslator:
         self.inside = self.most_inside = 0
         self.guard = threading.Lock()
 
+    def __getattr__(self, name):  # tokenizer, attention, ...: the wrapped Translator's
+        return getattr(self.inner, name)
+
     def translate(self, sentences, **kwargs):
         with self.guard:
             self.inside += 1
@@ -234,9 +253,10 @@ class CountingTranslator:
                 self.inside -= 1
 
 
-def test_model_is_entered_by_one_thread_at_a_time(translator, sentences):
+@pytest.mark.parametrize("batching", [True, False], ids=["batching", "one-lock"])
+def test_model_is_entered_by_one_thread_at_a_time(translator, sentences, batching):
     counting = CountingTranslator(translator)
-    with TestClient(create_app(counting)) as c:
+    with TestClient(create_app(counting, batching=batching)) as c:
 
         def one(i):
             return c.post("/translate", json={"text": sentences[i % 3], "beam_size": 1}).json()["translations"]
@@ -254,6 +274,9 @@ class GatedTranslator:
     def __init__(self, inner: Translator):
         self.inner, self.cfg, self.device, self.int8 = inner, inner.cfg, inner.device, inner.int8
         self.decoding, self.gate = threading.Event(), threading.Event()
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
 
     def translate(self, sentences, **kwargs):
         self.decoding.set()
@@ -291,6 +314,284 @@ def test_an_unexpected_failure_is_a_500_json_error(translator):
         assert c.get("/health").status_code == 200
 
 
+class RecordingTranslator:
+    """Wraps a Translator: records every call into the model; the first one holds the model until the gate opens."""
+
+    def __init__(self, inner: Translator):
+        self.inner, self.cfg, self.device, self.int8 = inner, inner.cfg, inner.device, inner.int8
+        self.calls: list[tuple[list[str], dict]] = []
+        self.returned = 0  # calls that have come back from the model
+        self.decoding, self.gate = threading.Event(), threading.Event()
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def _enter(self, sentences, kwargs):
+        self.calls.append((list(sentences), kwargs))
+        self.decoding.set()
+        assert self.gate.wait(timeout=300), "the test never opened the gate"
+
+    def translate(self, sentences, **kwargs):
+        self._enter(sentences, kwargs)
+        try:
+            return self.inner.translate(sentences, **kwargs)
+        finally:
+            self.returned += 1
+
+    def attention(self, sentence, **kwargs):
+        self._enter([sentence], {"attention": True, **kwargs})
+        try:
+            return self.inner.attention(sentence, **kwargs)
+        finally:
+            self.returned += 1
+
+
+def wait_until(condition, what: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not within {timeout} s")
+        time.sleep(0.01)
+
+
+def mixed_requests(many: list[str]) -> list[dict]:
+    """Requests of 1 to 5 sentences, beams 1 to 3, an empty line, a seeded sample and an unseeded one."""
+    out, at = [], 0
+    for i in range(24):
+        n = 1 + (i * 7) % 5
+        out.append({"text": [many[(at + j) % len(many)] for j in range(n)], "beam_size": 1 + i % 3})
+        at += n
+    out[5]["text"].insert(1, "")
+    out.append({"text": many[3:7], "temperature": 1.3, "top_k": 8, "seed": 11})
+    out.append({"text": many[7:9], "temperature": 0.7})
+    return out
+
+
+def test_batching_returns_each_request_its_own_translations(translator, many):
+    recording = RecordingTranslator(translator)
+    app = create_app(recording, max_wait_ms=20)
+    requests = mixed_requests(many)
+    with TestClient(app) as c, ThreadPoolExecutor(len(requests) + 2) as pool:
+        # The first request holds the model, so every later one waits in the queue and they batch together.
+        first = pool.submit(c.post, "/translate", json={"text": many[0], "beam_size": 1})
+        assert recording.decoding.wait(timeout=120), "the first request never reached the model"
+        futures = [pool.submit(c.post, "/translate", json=r) for r in requests]
+        attention = pool.submit(c.post, "/attention", json={"text": many[9], "beam_size": 2})
+        wait_until(lambda: app.state.engine.depth() == len(requests) + 1, "every request queued")
+        recording.gate.set()
+        responses = [f.result(timeout=300) for f in futures]
+        assert first.result(timeout=300).status_code == 200
+        assert attention.result(timeout=300).json()["translation"] == translator.attention(many[9], 2).translation
+
+    for req, res in zip(requests, responses):
+        assert res.status_code == 200, res.text
+        got = res.json()["translations"]
+        sampling = {k: req[k] for k in ("temperature", "top_k", "seed") if k in req}
+        if "seed" in req:  # exactly the Translator's draw for this request alone
+            assert got == translator.translate(req["text"], sampling=sampling)
+        elif sampling:  # a fresh draw: one translation a sentence
+            assert len(got) == len(req["text"])
+        else:  # each request its own translations, in order, as if decoded alone
+            assert got == translator.translate(req["text"], beam_size=req["beam_size"]), req
+    # One call a kind: beams 1, 2 and 3, the seeded sample alone, the unseeded one, the attention.
+    calls = recording.calls[1:]
+    assert len(calls) == 6, [(len(t), k) for t, k in calls]
+    for beam in (1, 2, 3):
+        texts = [t for r in requests if r.get("beam_size") == beam for t in r["text"]]
+        [batch] = [t for t, k in calls if k.get("beam_size") == beam and "attention" not in k]
+        assert sorted(batch) == sorted(texts) and len(batch) > 5 * 8 // 3  # many requests in one batch
+    [seeded] = [t for t, k in calls if (k.get("sampling") or {}).get("seed") == 11]
+    assert seeded == requests[-2]["text"]
+
+
+def test_one_lock_decodes_each_request_alone(translator, many):
+    recording = RecordingTranslator(translator)
+    recording.gate.set()
+    requests = mixed_requests(many)[:8]
+    with TestClient(create_app(recording, batching=False)) as c, ThreadPoolExecutor(8) as pool:
+        responses = list(pool.map(lambda r: c.post("/translate", json=r), requests))
+    assert [r.json()["translations"] for r in responses] == [
+        translator.translate(r["text"], beam_size=r["beam_size"]) for r in requests
+    ]
+    assert sorted(len(t) for t, _ in recording.calls) == sorted(len(r["text"]) for r in requests)
+
+
+def test_int8_batches_decode_as_the_batch_they_form(translator, many):
+    """int8 activations get one scale per batch tensor: a sentence's numbers depend on its batch mates."""
+    from nanomt.tokenizer import EOS_ID, PAD_ID
+
+    lone = torch.tensor([[5, 9, 12, EOS_ID]])
+    batch = torch.tensor([[5, 9, 12, EOS_ID, PAD_ID, PAD_ID], [40, 41, 7, 50, 60, EOS_ID]])
+    q8 = quantize_int8(translator.model)
+    with torch.inference_mode():
+        fp32 = [translator.model.encode(x).memory[0, :4] for x in (lone, batch)]
+        int8 = [q8.encode(x).memory[0, :4] for x in (lone, batch)]
+    torch.testing.assert_close(fp32[0], fp32[1], rtol=1e-5, atol=1e-5)  # float32: the mate changes nothing
+    assert not torch.equal(int8[0], int8[1])  # int8: the mate's activations move the first sentence's scale
+
+    int8 = Translator(translator.model, translator.tokenizer, translator.cfg, int8=True)
+    recording = RecordingTranslator(int8)
+    requests = [{"text": many[10:13], "beam_size": 2}, {"text": many[13:17], "beam_size": 2}]
+    app = create_app(recording, max_wait_ms=20)
+    with TestClient(app) as c, ThreadPoolExecutor(3) as pool:
+        first = pool.submit(c.post, "/translate", json={"text": many[0], "beam_size": 1})
+        assert recording.decoding.wait(timeout=120)
+        futures = [pool.submit(c.post, "/translate", json=r) for r in requests]
+        wait_until(lambda: app.state.engine.depth() == 2, "both requests queued")
+        recording.gate.set()
+        got = [f.result(timeout=300).json()["translations"] for f in futures]
+        assert first.result(timeout=300).status_code == 200
+    [(batch, kwargs)] = recording.calls[1:]
+    assert sorted(batch) == sorted(many[10:17])
+    # What the server returns is the int8 decoding of the batch it formed (which may differ from decoding each
+    # request alone); deterministic for that batch.
+    decoded = dict(zip(batch, int8.translate(batch, **kwargs)))
+    assert got == [[decoded[t] for t in r["text"]] for r in requests]
+
+
+def test_a_full_queue_is_a_503_at_once(translator, sentences):
+    recording = RecordingTranslator(translator)
+    app = create_app(recording, queue_size=2, max_wait_ms=0)
+    with TestClient(app) as c, ThreadPoolExecutor(4) as pool:
+        busy = pool.submit(c.post, "/translate", json={"text": sentences[0], "beam_size": 1})
+        assert recording.decoding.wait(timeout=120)
+        queued = [pool.submit(c.post, "/translate", json={"text": s, "beam_size": 1}) for s in sentences[1:3]]
+        wait_until(lambda: app.state.engine.depth() == 2, "two requests queued")
+        start = time.monotonic()
+        res = c.post("/translate", json={"text": sentences[3], "beam_size": 1})
+        assert res.status_code == 503 and "limit is 2" in res.json()["error"], res.text
+        assert int(res.headers["retry-after"]) >= 1
+        assert time.monotonic() - start < 30  # answered at once, not after the queue moved
+        assert c.get("/ready").status_code == 503
+        assert c.get("/health").status_code == 200  # alive, though not ready
+        recording.gate.set()
+        assert [f.result(timeout=300).status_code for f in [busy, *queued]] == [200, 200, 200]
+        wait_until(lambda: c.get("/ready").status_code == 200, "ready again")
+        assert c.post("/translate", json={"text": sentences[3], "beam_size": 1}).status_code == 200
+
+
+def test_a_timeout_is_a_504_its_sentences_are_dropped_and_the_server_goes_on(translator, sentences):
+    recording = RecordingTranslator(translator)
+    app = create_app(recording, timeout=2.0, max_wait_ms=0)
+    with TestClient(app) as c, ThreadPoolExecutor(2) as pool:
+        busy = pool.submit(c.post, "/translate", json={"text": sentences[0], "beam_size": 1})
+        assert recording.decoding.wait(timeout=120)
+        late = c.post("/translate", json={"text": ["dropped " + sentences[1]], "beam_size": 1})
+        assert late.status_code == 504 and "timeout of 2 s" in late.json()["error"], late.text
+        assert busy.result(timeout=120).status_code == 504  # in flight when its time ran out: 504 too
+        recording.gate.set()
+        wait_until(lambda: recording.returned == 1, "the decoding in flight finished")  # C gets its 2 s alone
+        res = c.post("/translate", json={"text": sentences[2], "beam_size": 1})
+        assert res.status_code == 200
+        assert res.json()["translations"] == translator.translate([sentences[2]], beam_size=1)
+        metrics = c.get("/metrics").text
+    assert not any(t.startswith("dropped ") for texts, _ in recording.calls for t in texts)
+    assert 'nanomt_requests_total{method="POST",route="/translate",status="504"} 2.0' in metrics
+
+
+def libre(translator, sentences):
+    return translator.translate(sentences, beam_size=2)
+
+
+def test_libretranslate_requests_and_responses(client, translator, sentences):
+    res = client.post("/translate", json={"q": sentences[0], "source": "auto", "target": "tgt"})
+    assert res.status_code == 200, res.text
+    assert res.json() == {
+        "translatedText": libre(translator, sentences[:1])[0],
+        "detectedLanguage": {"confidence": 100.0, "language": "src"},
+    }
+    res = client.post("/translate", json={"q": sentences[:3], "source": "src", "target": "tgt", "format": "text"})
+    assert res.json() == {"translatedText": libre(translator, sentences[:3])}
+    # As a form (what many LibreTranslate clients send), a repeated q being a list.
+    res = client.post("/translate", data={"q": sentences[1], "source": "src", "target": "tgt", "api_key": ""})
+    assert res.status_code == 200, res.text
+    assert res.json() == {"translatedText": libre(translator, sentences[1:2])[0]}
+    res = client.post("/translate", data={"q": sentences[:2], "source": "src", "target": "tgt"})
+    assert res.json()["translatedText"] == libre(translator, sentences[:2])
+    # HTML: the text between tags is translated, tags and scripts kept.
+    doc = f"<p>{sentences[0]} <b>{sentences[1]}</b></p><script>var x = '{sentences[2]}';</script>"
+    res = client.post("/translate", json={"q": doc, "source": "src", "target": "tgt", "format": "html"})
+    t0, t1 = (html.escape(t, quote=False) for t in libre(translator, sentences[:2]))
+    assert res.json()["translatedText"] == f"<p>{t0} <b>{t1}</b></p><script>var x = '{sentences[2]}';</script>"
+    res = client.post("/translate", json={"q": "<br/>&amp; ", "source": "src", "target": "tgt", "format": "html"})
+    assert res.json() == {"translatedText": "<br/>" + html.escape(libre(translator, ["&"])[0], quote=False) + " "}
+    res = client.post("/translate", json={"q": ["<p></p>", ""], "source": "src", "target": "tgt", "format": "html"})
+    assert res.json() == {"translatedText": ["<p></p>", ""]}
+    # Errors come back with LibreTranslate's "error" field.
+    for body, status, message in [
+        ({"q": "a", "source": "xx", "target": "tgt"}, 400, "xx is not supported"),
+        ({"q": "a", "source": "src", "target": "de"}, 400, "de is not supported"),
+        ({"q": "a", "source": "src"}, 422, "target"),
+        ({"q": 5, "source": "src", "target": "tgt"}, 422, "q"),
+        ({"q": "a", "source": "src", "target": "tgt", "format": "pdf"}, 422, "format"),
+        ({"q": ["a"] * 5, "source": "src", "target": "tgt"}, 413, "5 sentences"),
+    ]:
+        res = client.post("/translate", json=body)
+        assert res.status_code == status and message in res.json()["error"], res.text
+    assert client.get("/languages").json() == [{"code": "src", "name": "src", "targets": ["tgt"]}]
+    assert client.post("/detect", data={"q": sentences[0]}).json() == [{"confidence": 100.0, "language": "src"}]
+    schema = client.get("/openapi.json").json()
+    body = schema["paths"]["/translate"]["post"]["requestBody"]["content"]
+    assert {"application/json", "application/x-www-form-urlencoded"} <= set(body)
+    assert {"TranslateRequest", "LibreTranslateRequest"} <= set(schema["components"]["schemas"])
+    assert {"/languages", "/detect", "/ready"} <= set(schema["paths"])
+
+
+def test_api_key(translator, sentences, monkeypatch):
+    compared = []
+    real = nanomt.serve.hmac.compare_digest
+    monkeypatch.setattr(nanomt.serve.hmac, "compare_digest", lambda a, b: compared.append(1) or real(a, b))
+    with TestClient(create_app(translator, api_key="s3cret")) as c:
+        lt = {"q": sentences[0], "source": "auto", "target": "tgt"}
+        for res in [
+            c.post("/translate", json={"text": sentences[0]}),
+            c.post("/translate", json={"text": sentences[0], "api_key": "s3cre"}),
+            c.post("/translate", json=lt),
+            c.post("/translate", json={**lt, "api_key": "wrong"}),
+            c.post("/translate", data={**lt, "api_key": "S3CRET"}),
+            c.post("/translate", json={"text": "a"}, headers={"Authorization": "Bearer s3cret!"}),
+            c.post("/attention", json={"text": "a"}),
+            c.post("/detect", json={"q": "a"}),
+        ]:
+            assert res.status_code == 403 and "API key" in res.json()["error"], res.text
+        assert compared  # every key is compared in constant time
+        ok = [
+            c.post("/translate", json={"text": sentences[0], "api_key": "s3cret"}),
+            c.post("/translate", json={"text": sentences[0]}, headers={"Authorization": "Bearer s3cret"}),
+            c.post("/translate", json={"text": sentences[0]}, headers={"X-API-Key": "s3cret"}),
+            c.post("/translate", json={**lt, "api_key": "s3cret"}),
+            c.post("/translate", data={**lt, "api_key": "s3cret"}),
+            c.post("/attention", json={"text": sentences[0], "api_key": "s3cret"}),
+        ]
+        assert [r.status_code for r in ok] == [200] * 6
+        for path in ("/health", "/ready", "/metrics", "/languages", "/"):  # open: probes, scrapers, the page
+            assert c.get(path).status_code == 200
+        assert c.get("/health").json()["api_key_required"] is True
+
+
+def test_metrics_parse_as_prometheus_text(translator, sentences):
+    with TestClient(create_app(translator)) as c:
+        for s in sentences[:3]:
+            assert c.post("/translate", json={"text": [s, s], "beam_size": 1}).status_code == 200
+        assert c.post("/translate", json={"text": 5}).status_code == 422
+        res = c.get("/metrics")
+    assert res.status_code == 200 and res.headers["content-type"].startswith("text/plain")
+    families = {f.name: f for f in text_string_to_metric_families(res.text)}
+    samples = {f: {(s.name, tuple(sorted(s.labels.items()))): s.value for s in families[f].samples} for f in families}
+    ok = ("nanomt_requests_total", (("method", "POST"), ("route", "/translate"), ("status", "200")))
+    bad = ("nanomt_requests_total", (("method", "POST"), ("route", "/translate"), ("status", "422")))
+    assert samples["nanomt_requests"][ok] == 3 and samples["nanomt_requests"][bad] == 1
+    assert families["nanomt_request_duration_seconds"].type == "histogram"
+    count = ("nanomt_request_duration_seconds_count", (("route", "/translate"),))
+    assert samples["nanomt_request_duration_seconds"][count] == 4
+    assert samples["nanomt_queue_depth"][("nanomt_queue_depth", ())] == 0
+    assert families["nanomt_batch_sentences"].type == "histogram"
+    assert samples["nanomt_batch_sentences"][("nanomt_batch_sentences_sum", ())] == 6
+    assert samples["nanomt_sentences"][("nanomt_sentences_total", ())] == 6
+    assert samples["nanomt_source_tokens"][("nanomt_source_tokens_total", ())] >= 12
+    assert samples["nanomt_throughput"][("nanomt_throughput", (("unit", "sentences"),))] == pytest.approx(6 / 60)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -307,13 +608,15 @@ def stop(proc: subprocess.Popen) -> None:
         proc.wait(timeout=20)
 
 
-def start_server(run_dir: Path, log_path: Path) -> tuple[subprocess.Popen, str] | None:
+def start_server(
+    run_dir: Path, log_path: Path, args: tuple[str, ...] = (), env: dict | None = None
+) -> tuple[subprocess.Popen, str] | None:
     """`nanomt serve` on a free port once it answers /health, or None if another process took the port first."""
     port = free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
-            [*NANOMT, "serve", str(run_dir), "--host", "127.0.0.1", "--port", str(port)],
+            [*NANOMT, "serve", str(run_dir), "--host", "127.0.0.1", "--port", str(port), *args],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
@@ -336,20 +639,24 @@ def start_server(run_dir: Path, log_path: Path) -> tuple[subprocess.Popen, str] 
         time.sleep(0.2)
 
 
+def start_server_retrying(run_dir: Path, log_dir: Path, args=(), env=None) -> tuple[subprocess.Popen, str, Path]:
+    """start_server, on another port when one was taken between choosing and binding it; the process, URL, log."""
+    for attempt in range(5):
+        log = log_dir / f"server-{attempt}.log"
+        started = start_server(run_dir, log, args, env)
+        if started:
+            return (*started, log)
+    pytest.fail("every free port was taken before the server could bind it")
+
+
 @pytest.fixture(scope="module")
 def server(run_dir, tmp_path_factory):
     """A real `nanomt serve` process on 127.0.0.1 and a free port; its URL."""
     log_dir = tmp_path_factory.mktemp("server")
-    # The port is free when chosen, but another process may bind it before the server does: then try another.
-    for attempt in range(5):
-        started = start_server(run_dir, log_dir / f"server-{attempt}.log")
-        if started:
-            break
-    assert started, "every free port was taken before the server could bind it"
-    proc, url = started
+    proc, url, log = start_server_retrying(run_dir, log_dir)
     try:
         yield url
-        assert proc.poll() is None, f"server died: {(log_dir / f'server-{attempt}.log').read_text()}"
+        assert proc.poll() is None, f"server died: {log.read_text()}"
     finally:
         stop(proc)
 
@@ -394,6 +701,50 @@ def test_load_on_a_real_server(server, translator, sentences):
         assert by_payload[k]["translations"] == translator.translate(texts, beam_size=payload.get("beam_size", 2))
     assert by_payload[4]["translation"] == translator.attention(sentences[5], beam_size=2).translation
     print(f"{len(results)} requests from {clients} clients in {seconds:.1f} s ({len(results) / seconds:.0f}/s)")
+
+
+@pytest.mark.slow
+def test_sigterm_stops_accepting_and_answers_what_came_in(run_dir, translator, many, tmp_path):
+    # A long batching wait holds the requests in the queue while the signal arrives; the key comes from the
+    # environment.
+    args = ("--max-wait-ms", "6000", "--beam", "1")
+    proc, url, log = start_server_retrying(run_dir, tmp_path, args, env={"NANOMT_API_KEY": "k3y"})
+    try:
+        assert httpx.post(url + "/translate", json={"text": "a"}, timeout=60).status_code == 403
+        requests = [many[i : i + 1 + i % 3] for i in range(8)]
+        auth = {"Authorization": "Bearer k3y"}
+        with ThreadPoolExecutor(len(requests)) as pool:
+            futures = [
+                pool.submit(httpx.post, url + "/translate", json={"text": t}, headers=auth, timeout=120)
+                for t in requests
+            ]
+            wait_until(
+                lambda: httpx.get(url + "/ready", timeout=10).json()["queue_depth"] == len(requests), "all queued"
+            )
+            proc.send_signal(signal.SIGTERM)
+            # No new connections while the queued requests are answered.
+            wait_until(lambda: not reachable(url), "the listening socket closed", timeout=30)
+            assert not all(f.done() for f in futures), "answered before the signal: the test proves nothing"
+            responses = [f.result(timeout=120) for f in futures]
+        assert [r.status_code for r in responses] == [200] * len(requests), [r.text for r in responses]
+        assert [r.json()["translations"] for r in responses] == [translator.translate(t, beam_size=1) for t in requests]
+        # uvicorn re-raises the signal once it has shut down, so the exit status is SIGTERM's (or 0).
+        assert proc.wait(timeout=60) in (0, -signal.SIGTERM)
+        text = log.read_text()
+        assert "queue drained" in text, text
+        lines = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+        assert sum(e["path"] == "/translate" and e["status"] == 200 for e in lines) == len(requests), text
+    finally:
+        if proc.poll() is None:
+            stop(proc)
+
+
+def reachable(url: str) -> bool:
+    try:
+        httpx.get(url + "/health", timeout=5)
+        return True
+    except httpx.TransportError:
+        return False
 
 
 CANVAS_PIXELS_JS = """

@@ -1,0 +1,241 @@
+"""`nanomt serve` under concurrent clients: the one-lock server (--one-lock) against the batching one.
+
+    python -m benchmarks.serve_load --checkpoint RUN --sentences FILE   # benchmarks/results/serve_load.json
+
+For each server kind a real `nanomt serve` process starts on 127.0.0.1 and a free port. After a warm-up (every
+level once, --warmup-requests-per-client requests a client, the sentences from the end of the list), 1, 4, 16 and
+64 clients (--clients) each send --requests-per-client requests one after another (a client stops early once a
+level has run --max-seconds), each request --sentences-per-request lines of FILE, taken in turn. Reported per level:
+sentences/s (translated sentences over the level's wall time), request latency p50/p95/p99, errors (any answer but
+a 200, or no answer), and from the server's /metrics the mean sentences a decoding batch and the share of the wall
+time the model spent decoding. The translations of both servers are compared sentence by sentence (float32:
+batching must change none). The load generator runs in this process (asyncio, one connection a client) and takes
+its share of the cores: on a 2-core machine the server gets less than 2, for both kinds alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
+
+from benchmarks.common import RESULTS
+from scripts.multi30k import ROOT, machine, shown
+
+KINDS = {"one_lock": ["--one-lock"], "batching": []}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(args: argparse.Namespace, kind: str, log: Path) -> tuple[subprocess.Popen, str]:
+    """A `nanomt serve` process of this kind, once /ready answers; its URL."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "nanomt.cli", "serve", str(args.checkpoint), "--host", "127.0.0.1"]
+    cmd += ["--port", str(port), "--no-access-log", "--queue-size", "1024", "--timeout", str(args.timeout)]
+    cmd += ["--max-wait-ms", str(args.max_wait_ms), *KINDS[kind]]
+    if args.beam is not None:
+        cmd += ["--beam", str(args.beam)]
+    if args.max_batch_tokens is not None:
+        cmd += ["--max-batch-tokens", str(args.max_batch_tokens)]
+    env = dict(os.environ)
+    if args.threads is not None:
+        env["OMP_NUM_THREADS"] = str(args.threads)
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"the {kind} server exited:\n{log.read_text()}")
+        try:
+            if httpx.get(url + "/ready", timeout=5).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise SystemExit(f"the {kind} server was not ready in 300 s:\n{log.read_text()}")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def server_stats(url: str) -> dict[str, float]:
+    """The server's batch-size histogram (sum, count; zeros for the one-lock server) and its decoding seconds."""
+    samples = {
+        s.name: s.value
+        for family in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=30).text)
+        for s in family.samples
+        if not s.labels
+    }
+    keys = ("nanomt_batch_sentences_sum", "nanomt_batch_sentences_count", "nanomt_decode_seconds_total")
+    return {k: samples.get(k, 0.0) for k in keys}
+
+
+async def level(url: str, clients: int, args: argparse.Namespace, lines: list[str], seen: dict) -> dict:
+    """`clients` clients, each sending its requests one after another; sentences/s, latency percentiles, errors."""
+    k = args.sentences_per_request
+    latencies: list[float] = []
+    errors: list[str] = []
+    done_sentences = 0
+    deadline = time.monotonic() + args.max_seconds
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+
+    async def client(c: int, http: httpx.AsyncClient) -> None:
+        nonlocal done_sentences
+        for j in range(args.requests_per_client):
+            if time.monotonic() > deadline:
+                return
+            at = ((c * args.requests_per_client + j) * k) % len(lines)
+            texts = [lines[(at + i) % len(lines)] for i in range(k)]
+            start = time.perf_counter()
+            try:
+                res = await http.post("/translate", json={"text": texts})
+                latencies.append(time.perf_counter() - start)
+                if res.status_code != 200:
+                    errors.append(f"{res.status_code}: {res.text[:200]}")
+                    continue
+                for t, out in zip(texts, res.json()["translations"]):
+                    seen[t] = out
+                done_sentences += k
+            except httpx.HTTPError as e:
+                latencies.append(time.perf_counter() - start)
+                errors.append(repr(e)[:200])
+
+    async with httpx.AsyncClient(base_url=url, timeout=args.timeout + 30, limits=limits) as http:
+        start = time.perf_counter()
+        await asyncio.gather(*(client(c, http) for c in range(clients)))
+        seconds = time.perf_counter() - start
+    ms = np.array(latencies) * 1000
+    return {
+        "clients": clients,
+        "requests": len(latencies),
+        "sentences": done_sentences,
+        "errors": len(errors),
+        "first_errors": errors[:3],
+        "seconds": round(seconds, 2),
+        "sentences_per_s": round(done_sentences / seconds, 2),
+        "p50_ms": round(float(np.percentile(ms, 50)), 1),
+        "p95_ms": round(float(np.percentile(ms, 95)), 1),
+        "p99_ms": round(float(np.percentile(ms, 99)), 1),
+    }
+
+
+def run_kind(kind: str, args: argparse.Namespace, lines: list[str], tmp: Path) -> tuple[list[dict], dict]:
+    proc, url = start(args, kind, tmp / f"{kind}.log")
+    seen: dict[str, str] = {}
+    rows = []
+    try:
+        # Warm-up at every level: oneDNN compiles a kernel per matrix shape the first time it meets it, and a
+        # batching server meets more shapes (sentences x length) than a one-lock one; a server that has run a
+        # while has them all.
+        warm = argparse.Namespace(**{**vars(args), "requests_per_client": args.warmup_requests_per_client})
+        for clients in args.clients:
+            asyncio.run(level(url, clients, warm, lines[::-1], {}))
+        for clients in args.clients:
+            before = server_stats(url)
+            row = asyncio.run(level(url, clients, args, lines, seen))
+            d = {k: v - before[k] for k, v in server_stats(url).items()}
+            batches = d["nanomt_batch_sentences_count"]
+            row["mean_batch_sentences"] = round(d["nanomt_batch_sentences_sum"] / batches, 2) if batches else None
+            # The share of the level's wall time the model was decoding: below 1, the server waited for requests.
+            row["decoding_share"] = round(d["nanomt_decode_seconds_total"] / row["seconds"], 2)
+            rows.append(row)
+            print(f"{kind:9s} {clients:3d} clients: {json.dumps(row)}", flush=True)
+    finally:
+        stop(proc)
+    return rows, seen
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", type=Path, required=True, help="run directory (or any checkpoint) to serve")
+    p.add_argument("--sentences", type=Path, required=True, help="source sentences, one a line")
+    p.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16, 64])
+    p.add_argument("--requests-per-client", type=int, default=12)
+    p.add_argument("--warmup-requests-per-client", type=int, default=3, help="at every level, before measuring")
+    p.add_argument("--sentences-per-request", type=int, default=1)
+    p.add_argument("--max-seconds", type=float, default=90.0, help="a level's clients stop starting requests after")
+    p.add_argument("--kinds", nargs="+", choices=list(KINDS), default=list(KINDS))
+    p.add_argument("--beam", type=int, default=None, help="server's default beam (default: the checkpoint's)")
+    p.add_argument("--max-batch-tokens", type=int, default=None)
+    p.add_argument("--max-wait-ms", type=float, default=5.0)
+    p.add_argument("--timeout", type=float, default=60.0, help="the servers' --timeout")
+    p.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS of the servers (default: unset)")
+    p.add_argument("--lines", type=int, default=2000, help="use the first N lines of --sentences")
+    p.add_argument("--out", type=Path, default=RESULTS / "serve_load.json")
+    args = p.parse_args()
+
+    lines = [x.strip() for x in args.sentences.read_text(encoding="utf-8").splitlines() if x.strip()][: args.lines]
+    if not lines:
+        raise SystemExit(f"{args.sentences}: no sentences")
+    results, seen = {}, {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind in args.kinds:
+            results[kind], seen[kind] = run_kind(kind, args, lines, Path(tmp))
+
+    summary = {}
+    if set(KINDS) <= set(results):
+        common = set(seen["one_lock"]) & set(seen["batching"])
+        summary["sentences_compared"] = len(common)
+        summary["translations_differing"] = sum(seen["one_lock"][t] != seen["batching"][t] for t in common)
+        summary["speedup"] = {
+            str(a["clients"]): round(b["sentences_per_s"] / a["sentences_per_s"], 2)
+            for a, b in zip(results["one_lock"], results["batching"])
+            if a["sentences_per_s"]
+        }
+        at16 = [(a, b) for a, b in zip(results["one_lock"], results["batching"]) if a["clients"] == 16]
+        if at16:
+            a, b = at16[0]
+            summary["target_16_clients"] = {
+                "speedup_at_least_3x": b["sentences_per_s"] >= 3 * a["sentences_per_s"],
+                "p99_under_2s": b["p99_ms"] < 2000,
+                "no_errors": b["errors"] == 0,
+            }
+    out = {
+        "what": "nanomt serve: sentences/s and request latency, one-lock server against batching server",
+        "checkpoint": shown(args.checkpoint),
+        "sentences_file": shown(args.sentences),
+        "lines_used": len(lines),
+        "sentences_per_request": args.sentences_per_request,
+        "requests_per_client": args.requests_per_client,
+        "warmup_requests_per_client_at_every_level": args.warmup_requests_per_client,
+        "max_seconds_per_level": args.max_seconds,
+        "server": {
+            "beam": args.beam,
+            "max_batch_tokens": args.max_batch_tokens,
+            "max_wait_ms": args.max_wait_ms,
+            "omp_num_threads": args.threads,
+        },
+        "results": results,
+        **summary,
+        "machine": machine(),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    print(json.dumps(summary, indent=2), f"\nwrote {shown(args.out)}")
+
+
+if __name__ == "__main__":
+    main()
