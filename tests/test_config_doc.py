@@ -20,6 +20,7 @@ SECTIONS = {
     "decode": DecodeConfig,
 }
 
+
 def doc_tables() -> dict[str, dict[str, str]]:
     """{section heading: {key: default cell}} for every table under a `## heading` of docs/config.md."""
     tables: dict[str, dict[str, str]] = {}
@@ -40,10 +41,6 @@ def doc_tables() -> dict[str, dict[str, str]]:
     return tables
 
 
-def documented_fields(cls: type) -> list[dataclasses.Field]:
-    return list(dataclasses.fields(cls))
-
-
 def test_every_section_has_a_table():
     assert set(doc_tables()) == set(SECTIONS)
 
@@ -51,7 +48,7 @@ def test_every_section_has_a_table():
 @pytest.mark.parametrize("section", SECTIONS)
 def test_keys_are_the_dataclass_fields(section):
     documented = set(doc_tables().get(section, {}))
-    fields = {f.name for f in documented_fields(SECTIONS[section])}
+    fields = {f.name for f in dataclasses.fields(SECTIONS[section])}
     assert not fields - documented, f"docs/config.md, section {section!r}: no row for {sorted(fields - documented)}"
     assert not documented - fields, f"docs/config.md, section {section!r}: no such key {sorted(documented - fields)}"
 
@@ -59,7 +56,7 @@ def test_keys_are_the_dataclass_fields(section):
 @pytest.mark.parametrize("section", SECTIONS)
 def test_defaults_are_the_dataclass_defaults(section):
     rows = doc_tables().get(section, {})
-    for f in documented_fields(SECTIONS[section]):
+    for f in dataclasses.fields(SECTIONS[section]):
         if f.name not in rows:
             continue  # test_keys_are_the_dataclass_fields reports it
         cell = rows[f.name]
