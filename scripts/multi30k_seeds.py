@@ -1,6 +1,7 @@
 """The Multi30k recipe over its seeds: mean, standard deviation and range of each score, from the runs' results files.
 
-    python -m scripts.multi30k_seeds scripts/results/multi30k_de_en_seed*.json --out scripts/results/multi30k_de_en_seeds.json
+    python -m scripts.multi30k_seeds scripts/results/multi30k_de_en_seed[123].json \
+        --out scripts/results/multi30k_de_en_seeds.json
 """
 
 from __future__ import annotations
