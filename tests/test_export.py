@@ -3,10 +3,13 @@
 import dataclasses
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 from conftest import tiny_config
 
 from nanomt.config import config_from_dict
+from nanomt.decode import greedy as nanomt_greedy
 from nanomt.train import train
 from nanomt.translate import Translator
 
@@ -109,3 +112,49 @@ def test_ct2_refuses_what_it_cannot_express(toy_corpus, runs, tmp_path):
     theirs.decode.update(early_stopping=False)
     with pytest.raises(Ct2ExportError, match="early_stopping"):
         theirs.translate_ids([[5, 6, 7]], beam_size=2)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# ONNX.
+# ---------------------------------------------------------------------------------------------------------
+
+
+def padded(rows: list[list[int]], pad_id: int) -> np.ndarray:
+    """Right-padded (B, S) int64."""
+    out = np.full((len(rows), max(map(len, rows))), pad_id, dtype=np.int64)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = row
+    return out
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_onnx_logits_and_greedy_are_nanomt_s(variant, runs, sources, tmp_path):
+    """Step by step along nanomt's greedy outputs the logits agree within 1e-4; the ONNX greedy loop is nanomt's."""
+    pytest.importorskip("onnxruntime")
+    from nanomt.interop.onnx import empty_cache, export_onnx, greedy, sessions
+
+    encoder, decoder_step = sessions(export_onnx(runs[variant], tmp_path / "onnx"))
+    ours = Translator.from_checkpoint(runs[variant])
+    model, m = ours.model, ours.cfg.model
+    src_ids = [s + [m.eos_id] for s in ours.tokenizer.encode_src(sources)]
+    src = padded(src_ids, m.pad_id)
+    expected = nanomt_greedy(model, torch.from_numpy(src), ours._max_len, ours.cfg.decode.min_len)
+    max_lens = [ours._max_len(len(s) - 1) for s in src_ids]
+    assert greedy(encoder, decoder_step, src, m, max_lens, ours.cfg.decode.min_len) == expected
+
+    # Teacher-forced: BOS + nanomt's greedy tokens, one step at a time through the cache, against model(src, tgt).
+    tgt = torch.from_numpy(padded([([m.bos_id] + t)[: m.max_positions] for t in expected], m.pad_id))
+    with torch.no_grad():
+        reference = model(torch.from_numpy(src), tgt).numpy()  # (B, T, V)
+    (memory,) = encoder.run(None, {"src": src})
+    with torch.no_grad():
+        np.testing.assert_allclose(memory, model.encode(torch.from_numpy(src)).memory.numpy(), atol=1e-4)
+    keys = values = empty_cache(m, len(src))
+    largest = 0.0
+    for t in range(tgt.size(1)):
+        feeds = {"tokens": tgt[:, t : t + 1].numpy(), "memory": memory, "src_mask": src != m.pad_id}
+        logits, keys, values = decoder_step.run(None, {**feeds, "past_keys": keys, "past_values": values})
+        scored = np.isfinite(reference[:, t])  # restrict_output: -inf on the ids the model does not score
+        assert (np.isfinite(logits) == scored).all()
+        largest = max(largest, float(np.abs(logits[scored] - reference[:, t][scored]).max()))
+    assert largest < 1e-4

@@ -2,5 +2,6 @@
 
 from nanomt.interop.ct2 import Ct2ExportError, Ct2Translator, export_ct2
 from nanomt.interop.marian import MarianImportError, import_marian
+from nanomt.interop.onnx import export_onnx
 
-__all__ = ["Ct2ExportError", "Ct2Translator", "MarianImportError", "export_ct2", "import_marian"]
+__all__ = ["Ct2ExportError", "Ct2Translator", "MarianImportError", "export_ct2", "export_onnx", "import_marian"]
