@@ -1,0 +1,160 @@
+"""`nanomt export ct2|onnx`: CTranslate2's and ONNX Runtime's outputs are nanomt's, on trained toy checkpoints."""
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import tiny_config
+
+from nanomt.config import config_from_dict
+from nanomt.decode import greedy as nanomt_greedy
+from nanomt.train import train
+from nanomt.translate import Translator
+
+# Each checkpoint covers a different corner of what the exporters map.
+VARIANTS = {
+    # Separate vocabularies and embeddings, pre-norm, relu, GNMT's length penalty (the defaults).
+    "pre_norm": ({}, {}, {}),
+    # One vocabulary, shared and tied embeddings, post-norm, an output restricted to the training targets.
+    "tied_post_norm": (
+        {"shared_vocab": True},
+        {"share_embeddings": True, "tie_output": True, "norm_first": False, "restrict_output": True},
+        {"length_penalty_kind": "average", "min_len": 1},
+    ),
+    # Marian's options: sines before cosines, an output bias; gelu, no length penalty.
+    "halves_bias": (
+        {},
+        {"sinusoidal_layout": "halves", "output_bias": True, "activation": "gelu"},
+        {"length_penalty_kind": "none"},
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def runs(toy_corpus, tmp_path_factory, one_thread) -> dict[str, Path]:
+    """The variants trained a few dozen steps each: enough that their outputs are not all the same sentence."""
+    out = {}
+    for name, (data, model, decode) in VARIANTS.items():
+        cfg = tiny_config(toy_corpus, max_steps=60, eval_every=60, save_every=60, lr=1e-2, max_tokens=1000)
+        cfg["data"].update(data)
+        cfg["model"].update(model)
+        cfg["decode"].update(decode)
+        out[name] = tmp_path_factory.mktemp(name) / "run"
+        train(config_from_dict(cfg), out[name])
+    return out
+
+
+@pytest.fixture(scope="module")
+def sources(toy_corpus) -> list[str]:
+    return toy_corpus["test.src"].read_text(encoding="utf-8").splitlines()
+
+
+def with_decode(translator: Translator, **decode) -> Translator:
+    """The translator with other decoding settings."""
+    translator.cfg = dataclasses.replace(translator.cfg, decode=dataclasses.replace(translator.cfg.decode, **decode))
+    return translator
+
+
+# ---------------------------------------------------------------------------------------------------------
+# CTranslate2.
+# ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_ct2_translations_are_nanomt_s(variant, runs, sources, tmp_path):
+    """Greedy and beam 2 and 4, with the checkpoint's length penalty, max_len and min_len: the same tokens."""
+    pytest.importorskip("ctranslate2")
+    from nanomt.interop.ct2 import Ct2Translator, export_ct2
+
+    out = export_ct2(runs[variant], tmp_path / "ct2")
+    ours, theirs = Translator.from_checkpoint(runs[variant]), Ct2Translator(out, intra_threads=1)
+    src_ids = ours.tokenizer.encode_src(sources)
+    for beam in (1, 2, 4):
+        expected = [h[0].tokens for h in ours.translate_hypotheses(sources, beam_size=beam)]
+        assert theirs.translate_ids(src_ids, beam_size=beam) == expected, f"beam {beam}"
+    assert len(set(map(tuple, expected))) > 20  # a model that says one sentence to everything would prove little
+    assert theirs.translate(sources[:10], beam_size=2) == ours.translate(sources[:10], beam_size=2)
+
+
+def test_ct2_length_penalty_kinds(runs, sources, tmp_path):
+    """Each length penalty kind and alpha on one checkpoint, rescored as nanomt scores its hypotheses."""
+    pytest.importorskip("ctranslate2")
+    from nanomt.interop.ct2 import Ct2Translator, export_ct2
+
+    out = export_ct2(runs["pre_norm"], tmp_path / "ct2")
+    ours, theirs = Translator.from_checkpoint(runs["pre_norm"]), Ct2Translator(out, intra_threads=1)
+    src_ids = ours.tokenizer.encode_src(sources)
+    for kind, alpha in (("gnmt", 0.6), ("average", 1.0), ("none", 1.0)):
+        theirs.decode.update(length_penalty_kind=kind)
+        expected = [
+            h[0].tokens
+            for h in with_decode(ours, length_penalty_kind=kind).translate_hypotheses(
+                sources, beam_size=3, length_penalty=alpha
+            )
+        ]
+        assert theirs.translate_ids(src_ids, beam_size=3, length_penalty=alpha) == expected, kind
+
+
+def test_ct2_refuses_what_it_cannot_express(toy_corpus, runs, tmp_path):
+    """No encoder layer (CTranslate2 cannot load one); Hugging Face's stopping rule with a length penalty."""
+    pytest.importorskip("ctranslate2")
+    from nanomt.interop.ct2 import Ct2ExportError, Ct2Translator, export_ct2
+
+    cfg = tiny_config(toy_corpus, max_steps=2, eval_every=2, save_every=2)
+    cfg["model"]["n_encoder_layers"] = 0
+    train(config_from_dict(cfg), tmp_path / "run")
+    with pytest.raises(Ct2ExportError, match="at least one encoder layer"):
+        export_ct2(tmp_path / "run", tmp_path / "ct2_none")
+    assert not (tmp_path / "ct2_none").exists()
+    theirs = Ct2Translator(export_ct2(runs["pre_norm"], tmp_path / "ct2"))
+    theirs.decode.update(early_stopping=False)
+    with pytest.raises(Ct2ExportError, match="early_stopping"):
+        theirs.translate_ids([[5, 6, 7]], beam_size=2)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# ONNX.
+# ---------------------------------------------------------------------------------------------------------
+
+
+def padded(rows: list[list[int]], pad_id: int) -> np.ndarray:
+    """Right-padded (B, S) int64."""
+    out = np.full((len(rows), max(map(len, rows))), pad_id, dtype=np.int64)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = row
+    return out
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_onnx_logits_and_greedy_are_nanomt_s(variant, runs, sources, tmp_path):
+    """Step by step along nanomt's greedy outputs the logits agree within 1e-4; the ONNX greedy loop is nanomt's."""
+    pytest.importorskip("onnxruntime")
+    from nanomt.interop.onnx import empty_cache, export_onnx, greedy, sessions
+
+    encoder, decoder_step = sessions(export_onnx(runs[variant], tmp_path / "onnx"))
+    ours = Translator.from_checkpoint(runs[variant])
+    model, m = ours.model, ours.cfg.model
+    src_ids = [s + [m.eos_id] for s in ours.tokenizer.encode_src(sources)]
+    src = padded(src_ids, m.pad_id)
+    expected = nanomt_greedy(model, torch.from_numpy(src), ours._max_len, ours.cfg.decode.min_len)
+    max_lens = [ours._max_len(len(s) - 1) for s in src_ids]
+    assert greedy(encoder, decoder_step, src, m, max_lens, ours.cfg.decode.min_len) == expected
+
+    # Teacher-forced: BOS + nanomt's greedy tokens, one step at a time through the cache, against model(src, tgt).
+    tgt = torch.from_numpy(padded([([m.bos_id] + t)[: m.max_positions] for t in expected], m.pad_id))
+    with torch.no_grad():
+        reference = model(torch.from_numpy(src), tgt).numpy()  # (B, T, V)
+    (memory,) = encoder.run(None, {"src": src})
+    with torch.no_grad():
+        np.testing.assert_allclose(memory, model.encode(torch.from_numpy(src)).memory.numpy(), atol=1e-4)
+    keys = values = empty_cache(m, len(src))
+    largest = 0.0
+    for t in range(tgt.size(1)):
+        feeds = {"tokens": tgt[:, t : t + 1].numpy(), "memory": memory, "src_mask": src != m.pad_id}
+        logits, keys, values = decoder_step.run(None, {**feeds, "past_keys": keys, "past_values": values})
+        scored = np.isfinite(reference[:, t])  # restrict_output: -inf on the ids the model does not score
+        assert (np.isfinite(logits) == scored).all()
+        largest = max(largest, float(np.abs(logits[scored] - reference[:, t][scored]).max()))
+    assert largest < 1e-4
