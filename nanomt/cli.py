@@ -208,6 +208,21 @@ def cmd_import(args: argparse.Namespace) -> None:
     print(f"run directory: {import_marian(args.hf_dir, args.out)}")
 
 
+def cmd_export(args: argparse.Namespace) -> None:
+    try:
+        if args.target == "ct2":
+            from nanomt.interop.ct2 import export_ct2
+
+            out = export_ct2(args.run, args.out, quantization=args.quantization)
+        else:
+            from nanomt.interop.onnx import export_onnx
+
+            out = export_onnx(args.run, args.out)
+    except ImportError as e:  # the optional engine is missing; the message carries the install hint
+        raise ValueError(str(e)) from None
+    print(f"exported to {out}")
+
+
 def cmd_demo(args: argparse.Namespace) -> None:
     from nanomt.demo import run_demo
 
@@ -391,6 +406,21 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("hf_dir", help="the directory save_pretrained wrote (e.g. a downloaded opus-mt model)")
     a.add_argument("--out", required=True, help="the run directory to write")
     s.set_defaults(func=cmd_import)
+
+    s = sub.add_parser("export", help="a nanomt checkpoint for another runtime (CTranslate2, ONNX)")
+    export_sub = s.add_subparsers(dest="target", required=True, metavar="TARGET")
+    e = export_sub.add_parser("ct2", help="a CTranslate2 model directory (plus tokenizer/ and nanomt.yaml)")
+    e.add_argument("run", help=CHECKPOINT_HELP)
+    e.add_argument("--out", required=True, help="the directory to write")
+    e.add_argument(
+        "--quantization",
+        default=None,
+        help="CTranslate2's weight type to store (int8, int8_float16, float16, ...); default float32",
+    )
+    e = export_sub.add_parser("onnx", help="encoder.onnx and decoder_step.onnx (key/value cache in and out)")
+    e.add_argument("run", help=CHECKPOINT_HELP)
+    e.add_argument("--out", required=True, help="the directory to write")
+    s.set_defaults(func=cmd_export)
 
     s = sub.add_parser("demo", help="train on the toy language pair and show translations and attention")
     s.add_argument("--out", default="runs/demo", help="where the data, run and pictures go")

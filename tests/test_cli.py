@@ -192,7 +192,7 @@ def test_plots_from_the_cli(run_dir, tmp_path):
 
 def test_help_lists_every_command():
     res = cli("--help")
-    for command in ("train", "translate", "evaluate", "average", "plot", "synth", "import", "demo", "serve"):
+    for command in ("train", "translate", "evaluate", "average", "plot", "synth", "import", "export", "demo", "serve"):
         assert command in res.stdout
 
 

@@ -158,3 +158,17 @@ def test_onnx_logits_and_greedy_are_nanomt_s(variant, runs, sources, tmp_path):
         assert (np.isfinite(logits) == scored).all()
         largest = max(largest, float(np.abs(logits[scored] - reference[:, t][scored]).max()))
     assert largest < 1e-4
+
+
+def test_export_commands_write_what_the_functions_write(runs, tmp_path, capsys):
+    """`nanomt export ct2|onnx RUN --out DIR` write the same files as export_ct2 / export_onnx."""
+    from nanomt.cli import main
+
+    run = runs[next(iter(VARIANTS))]
+    for target, module in (("ct2", "ctranslate2"), ("onnx", "onnxruntime")):
+        pytest.importorskip(module)
+        main(["export", target, str(run), "--out", str(tmp_path / target)])
+        assert capsys.readouterr().out.strip() == f"exported to {tmp_path / target}"
+        assert {p.name for p in (tmp_path / target).iterdir()} >= {"tokenizer", "nanomt.yaml"}
+    assert (tmp_path / "ct2" / "model.bin").is_file()
+    assert {"encoder.onnx", "decoder_step.onnx"} <= {p.name for p in (tmp_path / "onnx").iterdir()}
