@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import itertools
@@ -238,19 +239,55 @@ class Corpus:
         return np.diff(self.tgt_offsets)
 
 
-def output_ids(corpus: Corpus) -> np.ndarray:
+class BothDirections:
+    """The pairs of a corpus src->tgt, then the same pairs tgt->src, without a copy: pair n + i is pair i reversed."""
+
+    def __init__(self, corpus: Corpus):
+        self.forward = corpus
+        self.stats = corpus.stats
+
+    def __len__(self) -> int:
+        return 2 * len(self.forward)
+
+    def src(self, i: int) -> np.ndarray:
+        n = len(self.forward)
+        return self.forward.src(i) if i < n else self.forward.tgt(i - n)
+
+    def tgt(self, i: int) -> np.ndarray:
+        n = len(self.forward)
+        return self.forward.tgt(i) if i < n else self.forward.src(i - n)
+
+    @property
+    def src_lens(self) -> np.ndarray:
+        return np.concatenate([self.forward.src_lens, self.forward.tgt_lens])
+
+    @property
+    def tgt_lens(self) -> np.ndarray:
+        return np.concatenate([self.forward.tgt_lens, self.forward.src_lens])
+
+
+def _present_ids(tokens: np.ndarray) -> np.ndarray:
+    """The ids that occur in `tokens`, counted a block at a time (np.unique would sort a copy of them all)."""
+    if len(tokens) == 0:
+        return np.zeros(0, np.int64)
+    seen = np.zeros(int(tokens.max()) + 1, bool)
+    for start in range(0, len(tokens), 1 << 22):
+        seen |= np.bincount(tokens[start : start + (1 << 22)], minlength=len(seen)).astype(bool)
+    return np.flatnonzero(seen)
+
+
+def output_ids(corpus: Corpus | BothDirections) -> np.ndarray:
     """The target ids a model trained on `corpus` has to produce: those of its targets, EOS and UNK (sorted)."""
-    return np.union1d(np.unique(corpus.tgt_tokens), [UNK_ID, EOS_ID]).astype(np.int64)
+    if isinstance(corpus, BothDirections):  # the targets are both sides' sentences
+        ids = np.union1d(_present_ids(corpus.forward.src_tokens), _present_ids(corpus.forward.tgt_tokens))
+    else:
+        ids = _present_ids(corpus.tgt_tokens)
+    return np.union1d(ids, [UNK_ID, EOS_ID]).astype(np.int64)
 
 
-def both_directions(corpus: Corpus) -> Corpus:
-    """Its pairs src->tgt, then the same pairs tgt->src (for one shared vocabulary): 2n pairs."""
-    n_src = len(corpus.src_tokens)  # pair n + i is pair i reversed: its source is tgt(i), its target src(i)
-    src_tokens = np.concatenate([corpus.src_tokens, corpus.tgt_tokens])
-    tgt_tokens = np.concatenate([corpus.tgt_tokens, corpus.src_tokens])
-    src_offsets = np.concatenate([corpus.src_offsets, corpus.tgt_offsets[1:] + n_src])
-    tgt_offsets = np.concatenate([corpus.tgt_offsets, corpus.src_offsets[1:] + len(corpus.tgt_tokens)])
-    return Corpus(src_tokens, src_offsets, tgt_tokens, tgt_offsets, corpus.stats)
+def both_directions(corpus: Corpus) -> BothDirections:
+    """Its pairs src->tgt, then the same pairs tgt->src (for one shared vocabulary): 2n pairs, as a view."""
+    return BothDirections(corpus)
 
 
 def _token_dtype(vocab_size: int) -> np.dtype:
@@ -408,13 +445,90 @@ def binarize(cfg: DataConfig, name: str, tokenizer: Tokenizer, cache_dir: str | 
 # BPE-dropout: a new segmentation of the same pairs every epoch
 
 
-def corpus_texts(corpus: Corpus, tokenizer: Tokenizer) -> tuple[list[str], list[str]]:
-    """The (normalized) source and target text of every pair of a binarized corpus, in order."""
-    n = len(corpus)
-    return (
-        tokenizer.decode_src([corpus.src(i) for i in range(n)]),
-        tokenizer.decode_tgt([corpus.tgt(i) for i in range(n)]),
+class CorpusText(Sequence[str]):
+    """One side's sentences as UTF-8 bytes end to end (memory-mapped) with int64 offsets: a list of str without them."""
+
+    def __init__(self, data: np.ndarray, offsets: np.ndarray):
+        self.data, self.offsets = data, offsets
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        return self.data[self.offsets[i] : self.offsets[i + 1]].tobytes().decode("utf-8")
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Sequence) and len(other) == len(self) and all(a == b for a, b in zip(self, other))
+
+
+def _corpus_dir(corpus: Corpus) -> Path | None:
+    """The cache directory a binarized corpus is mapped from, or None for one built in memory."""
+    filename = getattr(corpus.src_tokens, "filename", None)
+    return Path(filename).parent if filename else None
+
+
+@contextlib.contextmanager
+def _writing(final: Path | None) -> Iterator[Path]:
+    """A directory to write into that becomes `final` when the block succeeds (a throwaway one if final is None).
+
+    Arrays mapped from a throwaway directory stay readable after it is removed (the mapping holds the pages).
+    """
+    parent = final.parent if final is not None else None
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-" if final is not None else "nanomt-", dir=parent))
+    try:
+        yield tmp
+        if final is not None:
+            try:
+                os.rename(tmp, final)
+            except OSError:
+                if not (final / META_FILE).is_file():  # not just another process finishing first
+                    raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _open_text(directory: Path, side: str) -> CorpusText:
+    data = (
+        np.memmap(directory / f"{side}.txt", dtype=np.uint8, mode="r")
+        if (directory / f"{side}.txt").stat().st_size
+        else np.zeros(0, np.uint8)
     )
+    return CorpusText(data, np.memmap(directory / f"{side}.txt.idx", dtype=np.int64, mode="r"))
+
+
+def corpus_texts(corpus: Corpus, tokenizer: Tokenizer) -> tuple[CorpusText, CorpusText]:
+    """The (normalized) source and target text of every pair of a binarized corpus, in order, memory-mapped.
+
+    Decoded once, a chunk at a time, and kept beside the corpus in its cache (a binarized corpus), so that memory
+    is one chunk's and a restarted run maps the file instead of decoding again.
+    """
+    home = _corpus_dir(corpus)
+    final = home / "text" if home is not None else None
+    if final is None or not (final / META_FILE).is_file():
+        with _writing(final) as tmp:
+            for side, decode, seq in (
+                ("src", tokenizer.decode_src, corpus.src),
+                ("tgt", tokenizer.decode_tgt, corpus.tgt),
+            ):
+                with open(tmp / f"{side}.txt", "wb") as data, open(tmp / f"{side}.txt.idx", "wb") as offsets:
+                    end = 0
+                    np.zeros(1, np.int64).tofile(offsets)
+                    for start in range(0, len(corpus), CHUNK_PAIRS):
+                        stop = min(start + CHUNK_PAIRS, len(corpus))
+                        encoded = [t.encode("utf-8") for t in decode([seq(i).tolist() for i in range(start, stop)])]
+                        data.write(b"".join(encoded))
+                        (end + np.cumsum([len(t) for t in encoded], dtype=np.int64)).tofile(offsets)
+                        end += sum(len(t) for t in encoded)
+            (tmp / META_FILE).write_text(json.dumps({"pairs": len(corpus)}))
+            if final is None:
+                return _open_text(tmp, "src"), _open_text(tmp, "tgt")
+    return _open_text(final, "src"), _open_text(final, "tgt")
 
 
 def _pack(seqs: list, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
@@ -424,20 +538,59 @@ def _pack(seqs: list, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
 
 
 def resegment(
-    corpus: Corpus, texts: tuple[list[str], list[str]], tokenizer: Tokenizer, dropout: float, seed: int, max_len: int
+    corpus: Corpus,
+    texts: tuple[Sequence[str], Sequence[str]],
+    tokenizer: Tokenizer,
+    dropout: float,
+    seed: int,
+    max_len: int,
 ) -> Corpus:
-    """The corpus' pairs (same ones, same order) with a BPE-dropout segmentation drawn from `seed`."""
-    set_sampling_seed(seed)
-    src = tokenizer.encode_src(texts[0], dropout)
-    tgt = tokenizer.encode_tgt(texts[1], dropout)
-    for i in range(len(corpus)):  # a sampled segmentation is longer: past max_len, keep the plain one
-        if not src[i] or len(src[i]) > max_len:
-            src[i] = corpus.src(i)
-        if not tgt[i] or len(tgt[i]) > max_len:
-            tgt[i] = corpus.tgt(i)
-    src_tokens, src_offsets = _pack(src, corpus.src_tokens.dtype)
-    tgt_tokens, tgt_offsets = _pack(tgt, corpus.tgt_tokens.dtype)
-    return Corpus(src_tokens, src_offsets, tgt_tokens, tgt_offsets, corpus.stats)
+    """The corpus' pairs (same ones, same order) with a BPE-dropout segmentation drawn from `seed`.
+
+    The ids are those of one `encode_src(all sources, dropout)` and one `encode_tgt(...)` call after
+    set_sampling_seed(seed), but drawn a chunk at a time into memory-mapped arrays, so memory is one chunk's. In a
+    corpus' cache directory the segmentation is kept (the last one only), so a resumed run maps it again.
+    """
+    home = _corpus_dir(corpus)
+    final = home / f"segmentation-{dropout:g}-{seed}-{max_len}" if home is not None else None
+    if final is not None and (final / META_FILE).is_file():
+        return _open_corpus(final)
+    with _writing(final) as tmp:
+        set_sampling_seed(seed)
+        # One sampler a side, each drawing its own stream from the seed, as two whole-corpus calls would.
+        encode_src = tokenizer.dropout_encoder("src", dropout) if dropout else tokenizer.encode_src
+        encode_tgt = tokenizer.dropout_encoder("tgt", dropout) if dropout else tokenizer.encode_tgt
+        writers = {
+            "src": _SequenceWriter(tmp / "src", corpus.src_tokens.dtype),
+            "tgt": _SequenceWriter(tmp / "tgt", corpus.tgt_tokens.dtype),
+        }
+        try:
+            for start in range(0, len(corpus), CHUNK_PAIRS):
+                stop = min(start + CHUNK_PAIRS, len(corpus))
+                for side, encode, text, plain in (
+                    ("src", encode_src, texts[0], corpus.src),
+                    ("tgt", encode_tgt, texts[1], corpus.tgt),
+                ):
+                    ids = encode(text[start:stop])
+                    for j, seq in enumerate(ids):  # a sampled segmentation is longer: past max_len, keep the plain one
+                        if not seq or len(seq) > max_len:
+                            ids[j] = plain(start + j)
+                    writers[side].append(ids)
+        finally:
+            for w in writers.values():
+                w.close()
+        meta = {
+            "stats": corpus.stats,
+            "src_dtype": corpus.src_tokens.dtype.name,
+            "tgt_dtype": corpus.tgt_tokens.dtype.name,
+        }
+        (tmp / META_FILE).write_text(json.dumps(meta))
+        if final is None:
+            return _open_corpus(tmp)
+    for old in home.glob("segmentation-*"):  # earlier epochs' segmentations are not read again
+        if old != final:
+            shutil.rmtree(old, ignore_errors=True)
+    return _open_corpus(final)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import itertools
 import json
 import os
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import sentencepiece as spm
@@ -78,6 +78,16 @@ class Tokenizer:
         if self._tgt_table is not None:
             return self._tgt_table.encode(self._tgt, texts, dropout)
         return _encode(self._tgt, texts, dropout)
+
+    def dropout_encoder(self, side: str, dropout: float) -> Callable[[list[str]], list[list[int]]]:
+        """Encodes successive lists of `side` ("src"/"tgt") sentences with BPE-dropout, drawing the ids that one
+        encode_src/encode_tgt call on all of them would: one SentencePiece thread, kept across the calls, whose
+        sampler starts from the seed set (set_sampling_seed) before the first call."""
+        sp = self._src if side == "src" else self._tgt
+        pool = spm.ThreadPool(1)  # a new pool each call would restart the sampler from the seed
+        return lambda texts: sp.encode(
+            list(texts), out_type=int, enable_sampling=True, alpha=dropout, num_threads=1, thread_pool=pool
+        )
 
     def decode_src(self, ids: list[list[int]]) -> list[str]:
         """Source ids (without specials) to text."""
