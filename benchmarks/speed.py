@@ -198,7 +198,7 @@ def nanomt_trainee(c: dict, tied: bool):
     """A nanomt model in train mode and its loss(bf16) on a fixed full-length batch, as nanomt.train computes it."""
     import torch
 
-    from nanomt.decode import BOS_ID, EOS_ID
+    from nanomt.config import BOS_ID, EOS_ID
     from nanomt.model import Transformer
     from nanomt.train import label_smoothed_loss
 
@@ -338,7 +338,8 @@ def nanomt_decode_contenders(c: dict) -> tuple[list[Contender], dict]:
     """nanomt greedy and beam 4 at fp32, bf16 autocast and int8 (quantize_dynamic), exactly N_NEW tokens each."""
     import torch
 
-    from nanomt.decode import EOS_ID, beam_search, greedy
+    from nanomt.config import EOS_ID
+    from nanomt.decode import beam_search, greedy
     from nanomt.model import Transformer
 
     torch.manual_seed(0)

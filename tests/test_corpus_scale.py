@@ -121,6 +121,7 @@ def test_both_directions_is_a_view_with_the_same_pairs():
     assert np.array_equal(output_ids(corpus), np.union1d(np.unique(corpus.tgt_tokens), [1, 3]))
 
 
+@pytest.mark.slow
 def test_benchmark_runs_end_to_end_at_a_tiny_size(tmp_path):
     out = tmp_path / "corpus_scale.json"
     cmd = [sys.executable, "-m", "benchmarks.corpus_scale", "--pairs", "2000", "--source", "toy", "--vocab", "120"]
