@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
@@ -259,8 +260,8 @@ def rng_state() -> dict:
         "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": pos, "has_gauss": has_gauss, "gauss": gauss},
         "torch": torch.get_rng_state(),
     }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if torch.cuda.is_initialized():  # this process's GPU only: under DDP each rank draws on its own
+        state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
@@ -272,7 +273,17 @@ def set_rng_state(state: dict) -> None:
     np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        cuda = state["cuda"]  # checkpoints of older versions hold every visible GPU's state
+        torch.cuda.set_rng_state_all(cuda) if isinstance(cuda, list) else torch.cuda.set_rng_state(cuda)
+
+
+def all_rng_states(group=None) -> list[dict] | None:
+    """Every rank's RNG states, in rank order, on rank 0 (None on the others); collective under DDP."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [rng_state()]
+    states = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(rng_state(), states, dst=0, group=group)
+    return states
 
 
 @dataclass
@@ -285,16 +296,40 @@ class TrainState:
     elapsed: float = 0.0  # seconds of training and evaluation, across resumes
     best_score: float = -math.inf  # validation BLEU, or minus the validation loss where there is no BLEU
 
-    def save(self, run_dir: Path, model: Transformer, optimizer: torch.optim.Optimizer, keep_last: int) -> Path:
-        """checkpoints/step_N: the weights, the optimizer, this state and the RNG states."""
-        saved = {**dataclasses.asdict(self), "optimizer": optimizer.state_dict(), "rng": rng_state()}
+    def save(
+        self,
+        run_dir: Path,
+        model: Transformer,
+        optimizer: torch.optim.Optimizer,
+        scaler: torch.amp.GradScaler | None,
+        keep_last: int,
+        group=None,
+    ) -> Path | None:
+        """checkpoints/step_N: the weights, optimizer, loss scaler, this state and every rank's RNG states.
+
+        Collective under DDP (every rank calls it, rank 0 writes); returns the directory on rank 0, else None.
+        """
+        rngs = all_rng_states(group)
+        if rngs is None:
+            return None
+        saved = {
+            **dataclasses.asdict(self),
+            "optimizer": optimizer.state_dict(),
+            "scaler": scaler.state_dict() if scaler is not None else {},
+            "rng": rngs,
+        }
         return save_training_checkpoint(run_dir, self.step, model, saved, keep_last)
 
     @classmethod
     def resume_or_new(
-        cls, run_dir: Path, model: Transformer, optimizer: torch.optim.Optimizer, rank: int = 0
+        cls,
+        run_dir: Path,
+        model: Transformer,
+        optimizer: torch.optim.Optimizer,
+        scaler: torch.amp.GradScaler | None = None,
+        rank: int = 0,
     ) -> tuple[TrainState, Path | None]:
-        """The newest checkpoint's state, loaded into model, optimizer and RNGs; a new state if there is none."""
+        """The newest checkpoint's state, loaded into model, optimizer, scaler and RNGs; a new state if none."""
         found = step_dirs(run_dir)
         if not found:
             return cls(), None
@@ -302,8 +337,13 @@ class TrainState:
         load_weights(model, step_dir / WEIGHTS)
         saved = load_trainer_state(step_dir)
         optimizer.load_state_dict(saved["optimizer"])
-        rng = saved["rng"]
-        set_rng_state(rng[rank] if isinstance(rng, list) else rng)
+        if scaler is not None and saved.get("scaler"):
+            scaler.load_state_dict(saved["scaler"])
+        rng = saved["rng"]  # one state per rank; a single one in checkpoints of older versions
+        rngs = rng if isinstance(rng, list) else [rng]
+        if rank >= len(rngs):  # more ranks than the run was saved with: the resume cannot be exact
+            log.warning("the checkpoint holds RNG states of %d rank(s); rank %d starts from rank 0's", len(rngs), rank)
+        set_rng_state(rngs[rank] if rank < len(rngs) else rngs[0])
         if "best_bleu" in saved:  # checkpoints written before best_score had its name
             saved["best_score"] = saved["best_bleu"]
         return cls(**{f.name: saved[f.name] for f in dataclasses.fields(cls)}), step_dir

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import datetime
 import functools
 import logging
 import os
@@ -108,6 +109,30 @@ def is_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
+# Seconds a rank waits in a collective for the others before it gives up with an error, instead of hanging when
+# another rank died or hangs (NCCL and Gloo: every all-reduce, barrier and broadcast of the process group).
+COLLECTIVE_TIMEOUT_ENV = "NANOMT_COLLECTIVE_TIMEOUT"
+COLLECTIVE_TIMEOUT_S = 1800.0
+# Seconds the other ranks wait for rank 0 to train the tokenizer and binarize the corpus, which on a large corpus
+# takes far longer than any collective should.
+PREPARE_TIMEOUT_ENV = "NANOMT_PREPARE_TIMEOUT"
+PREPARE_TIMEOUT_S = 6 * 3600.0
+
+
+def env_seconds(name: str, default: float) -> float:
+    """A positive number of seconds from the environment variable `name`, else `default`."""
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise ValueError(f"{name}={value!r}: want a positive number of seconds")
+    return seconds
+
+
 @dataclass(frozen=True)
 class Runtime:
     """Where this process trains: its rank among `world` processes, its device and the precision it computes in."""
@@ -116,22 +141,39 @@ class Runtime:
     world: int
     device: torch.device
     precision: str  # resolved: fp32, bf16 or fp16
+    # Under DDP: a Gloo group over the same ranks for host-side objects (RNG states, translations) and for the
+    # long wait while rank 0 prepares the data; its timeout is PREPARE_TIMEOUT_ENV's.
+    host_group: object = None
+    collective_timeout: float = COLLECTIVE_TIMEOUT_S
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
 
 
+def default_threads() -> int:
+    """CPU threads per process: the cores shared by the processes of this machine (not of all machines)."""
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+    return max(1, (os.cpu_count() or 1) // max(local_world, 1))
+
+
 def setup(device: str, precision: str, num_threads: int | None) -> Runtime:
     """Start the process group under torchrun, pick the device and precision, set the CPU threads."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    rank = dist.get_rank() if world > 1 else 0
     dev = pick_device(device)
     if world > 1 and dev.type == "cuda":
         dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    torch.set_num_threads(num_threads or max(1, (os.cpu_count() or 1) // world))
+        torch.cuda.set_device(dev)  # before the process group: NCCL and every default-device tensor use this GPU
+    timeout = env_seconds(COLLECTIVE_TIMEOUT_ENV, COLLECTIVE_TIMEOUT_S)
+    host_group = None
+    if world > 1:
+        if not dist.is_initialized():
+            backend = "nccl" if dev.type == "cuda" else "gloo"
+            dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout))
+        prepare = datetime.timedelta(seconds=env_seconds(PREPARE_TIMEOUT_ENV, PREPARE_TIMEOUT_S))
+        host_group = dist.new_group(backend="gloo", timeout=prepare)
+    rank = dist.get_rank() if world > 1 else 0
+    torch.set_num_threads(num_threads or default_threads())
     resolved = resolve_precision(precision, dev)
     autocast(resolved, dev)  # a DeviceError now (fp16 on a CPU) rather than at the first step
     if rank == 0 and resolved == "bf16" and dev.type == "cpu" and not cpu_has_bf16_kernels():
@@ -140,4 +182,4 @@ def setup(device: str, precision: str, num_threads: int | None) -> Runtime:
             "train.precision=bf16 on a CPU without bf16 matrix kernels (no AVX-512/AMX): ~60x slower "
             "than fp32; use train.precision=auto or fp32"
         )
-    return Runtime(rank, world, dev, resolved)
+    return Runtime(rank, world, dev, resolved, host_group, timeout)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import math
+import queue
 import random
 import signal
 import sys
@@ -18,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from tqdm import tqdm
 
 from nanomt import checkpoint as ckpt
@@ -104,12 +107,18 @@ class LabelSmoothedLoss(torch.autograd.Function):
         return grad * grad_output.to(grad.dtype), None, None, None
 
 
-def label_smoothed_loss(logits: torch.Tensor, target: torch.Tensor, smoothing: float, pad_id: int) -> torch.Tensor:
+def label_smoothed_loss(
+    logits: torch.Tensor, target: torch.Tensor, smoothing: float, pad_id: int, fused: bool | None = None
+) -> torch.Tensor:
     """Summed cross-entropy with label smoothing (Szegedy et al., 2016), padding positions ignored.
 
-    Equal to F.cross_entropy(..., label_smoothing=smoothing, ignore_index=pad_id, reduction="sum").
+    Equal to F.cross_entropy(..., label_smoothing=smoothing, ignore_index=pad_id, reduction="sum"), which is what
+    runs where `fused` (default: on CUDA, where it is a few fused kernels); LabelSmoothedLoss elsewhere (a CPU).
     """
-    return LabelSmoothedLoss.apply(logits.reshape(-1, logits.size(-1)), target.reshape(-1), smoothing, pad_id)
+    logits, target = logits.reshape(-1, logits.size(-1)), target.reshape(-1)
+    if logits.is_cuda if fused is None else fused:
+        return F.cross_entropy(logits.float(), target, ignore_index=pad_id, label_smoothing=smoothing, reduction="sum")
+    return LabelSmoothedLoss.apply(logits, target, smoothing, pad_id)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -192,17 +201,50 @@ class TrainData:
     output_vocab: dict[bool, torch.Tensor]  # restrict_output: the scored target ids, with / without reversed pairs
 
 
-def prepare_data(cfg: Config, run_dir: Path, rt: Runtime) -> tuple[Config, TrainData]:
-    """Tokenizer (trained by rank 0 once), config with the vocabulary sizes, binarized train and valid sets."""
+def main_rank_first(rt: Runtime, what: str, fn):
+    """fn() on rank 0 while the other ranks wait (they get None); its failure is every rank's, said clearly."""
+    if rt.world == 1:
+        return fn()
+    status = [None]  # rank 0's error, if any
     if rt.is_main:
-        cfg, tokenizer = prepare_run_dir(cfg, run_dir)
-    if rt.world > 1:
-        dist.barrier()
-        if not rt.is_main:  # the others read what rank 0 prepared
-            cfg, tokenizer = load_config(run_dir / ckpt.CONFIG), Tokenizer.load(run_dir / ckpt.TOKENIZER)
+        try:
+            return fn()
+        except BaseException as e:
+            status[0] = f"{type(e).__name__}: {e}"
+            raise
+        finally:
+            dist.broadcast_object_list(status, src=0, group=rt.host_group)
+    try:  # waits up to PREPARE_TIMEOUT_ENV's seconds (the host group's timeout), not the collective timeout
+        dist.broadcast_object_list(status, src=0, group=rt.host_group)
+    except RuntimeError as e:
+        raise TrainingError(f"rank {rt.rank}: rank 0 died or timed out while {what} ({first_line(e)})") from None
+    if status[0] is not None:
+        raise TrainingError(f"rank {rt.rank}: rank 0 failed while {what}: {status[0]}")
+    return None
+
+
+def first_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else type(e).__name__
+
+
+def prepare_files(cfg: Config, run_dir: Path, cache: Path, max_len: int) -> tuple:
+    """Rank 0's part: config.yaml, the tokenizer, the binarized train and valid sets (cached on disk)."""
+    cfg, tokenizer = prepare_run_dir(cfg, run_dir)
+    return cfg, tokenizer, binarize(cfg.data, "train", tokenizer, cache, max_len), valid_set(cfg, tokenizer, cache)
+
+
+def prepare_data(cfg: Config, run_dir: Path, rt: Runtime) -> tuple[Config, TrainData]:
+    """Tokenizer and binarized train and valid sets, made by rank 0 once while the others wait; then read by all."""
     cache = Path(cfg.data.cache_dir) if cfg.data.cache_dir else run_dir / "bin"
     max_len = min(cfg.data.max_len, cfg.model.max_positions - 1)
-    corpus = binarize(cfg.data, "train", tokenizer, cache, max_len=max_len)
+    what = "training the tokenizer and binarizing the data"
+    prepared = main_rank_first(rt, what, lambda: prepare_files(cfg, run_dir, cache, max_len))
+    if prepared is None:  # another rank: it opens what rank 0 wrote
+        cfg, tokenizer = load_config(run_dir / ckpt.CONFIG), Tokenizer.load(run_dir / ckpt.TOKENIZER)
+        corpus = binarize(cfg.data, "train", tokenizer, cache, max_len)
+        prepared = cfg, tokenizer, corpus, valid_set(cfg, tokenizer, cache)
+    cfg, tokenizer, corpus, valid = prepared
     if len(corpus) == 0:
         raise TrainingError("no training pairs left after filtering")
     output_vocab = {}
@@ -213,7 +255,7 @@ def prepare_data(cfg: Config, run_dir: Path, rt: Runtime) -> tuple[Config, Train
     return cfg, TrainData(
         tokenizer=tokenizer,
         corpus=corpus,
-        valid=valid_set(cfg, tokenizer, cache) if rt.is_main else None,
+        valid=valid,
         max_len=max_len,
         texts=corpus_texts(corpus, tokenizer) if cfg.data.bpe_dropout else None,
         output_vocab=output_vocab,
@@ -227,8 +269,8 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def build(cfg: Config, rt: Runtime) -> tuple[Transformer, torch.optim.Optimizer]:
-    """The model, initialized from train.seed, and its AdamW."""
+def build(cfg: Config, rt: Runtime) -> tuple[Transformer, torch.optim.Optimizer, torch.amp.GradScaler | None]:
+    """The model, initialized from train.seed, its AdamW, and fp16's loss scaler."""
     seed_everything(cfg.train.seed)
     model = Transformer(cfg.model).to(rt.device)
     tc = cfg.train
@@ -243,7 +285,16 @@ def build(cfg: Config, rt: Runtime) -> tuple[Transformer, torch.optim.Optimizer]
         # a checkpoint of an older nanomt keeps that checkpoint's (unfused) setting.
         fused=rt.device.type in ("cpu", "cuda"),
     )
-    return model, optimizer
+    scaler = torch.amp.GradScaler(rt.device.type) if rt.precision == "fp16" else None
+    return model, optimizer, scaler
+
+
+def step_model(model: Transformer, rt: Runtime) -> torch.nn.Module:
+    """What the step calls: the model, under DistributedDataParallel where there are several ranks."""
+    if rt.world == 1:
+        return model
+    device_ids = [rt.device.index] if rt.device.type == "cuda" else None
+    return torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -257,105 +308,219 @@ class Epoch:
 
     corpus: Corpus
     batches: list
+    tokens: list[int]  # at each position, the target tokens of all ranks' batches there: the loss's denominator
     padding: float
 
 
-def epoch_batches(data: TrainData, epoch: int, model: Transformer, cfg: Config, rt: Runtime) -> Epoch:
+def epoch_batches(data: TrainData, epoch: int, cfg: Config, rt: Runtime) -> Epoch:
     """Epoch `epoch`'s batches; a function of (seed, epoch) alone, so that a resumed run draws the same ones."""
     tc, c = cfg.train, data.corpus
     if data.texts is not None:  # a fresh BPE-dropout segmentation, seeded by (seed, epoch)
         c = resegment(c, data.texts, data.tokenizer, cfg.data.bpe_dropout, tc.seed * 100_003 + epoch, data.max_len)
-    bidirectional = epoch < tc.bidirectional_epochs
-    if bidirectional:
+    if epoch < tc.bidirectional_epochs:
         c = both_directions(c)
+    every = make_batches(c.src_lens, c.tgt_lens, tc.max_tokens, tc.seed, epoch)
+    shards = [shard(every, r, rt.world) for r in range(rt.world)]
+    if not shards[rt.rank]:
+        raise TrainingError(f"{len(every)} batches an epoch for {rt.world} processes; lower train.max_tokens")
+    tgt_lens = c.tgt_lens
+    tokens = [sum(int(tgt_lens[b].sum()) + len(b) for b in at) for at in zip(*shards, strict=True)]  # + EOS each
+    batches = shards[rt.rank]
+    return Epoch(c, batches, tokens, padding_fraction(batches, c.src_lens, c.tgt_lens))
+
+
+def set_output_vocab(model: Transformer, data: TrainData, epoch: int, tc: TrainConfig) -> None:
+    """restrict_output: the target ids epoch `epoch` scores (more of them while pairs are also reversed)."""
     if data.output_vocab:  # set at every epoch start, not only at the switch, so that a resumed run scores them
-        model.set_output_vocab(data.output_vocab[bidirectional])
-    batches = shard(make_batches(c.src_lens, c.tgt_lens, tc.max_tokens, tc.seed, epoch), rt.rank, rt.world)
-    return Epoch(c, batches, padding_fraction(batches, c.src_lens, c.tgt_lens))
+        model.set_output_vocab(data.output_vocab[epoch < tc.bidirectional_epochs])
+
+
+PAD_MULTIPLE = 8  # on CUDA, batch widths a multiple of 8: tensor-core matmul shapes
+
+
+def pad_width(b: Batch, multiple: int) -> Batch:
+    """The batch with its source and target widths padded (with PAD) to a multiple of `multiple`."""
+
+    def pad(t: torch.Tensor) -> torch.Tensor:
+        return F.pad(t, (0, -t.size(1) % multiple), value=PAD_ID)
+
+    return dataclasses.replace(b, src=pad(b.src), tgt_in=pad(b.tgt_in), tgt_out=pad(b.tgt_out))
+
+
+def pinned(b: Batch) -> Batch:
+    """The batch in page-locked memory, which the GPU copies from without the host waiting."""
+    return dataclasses.replace(b, src=b.src.pin_memory(), tgt_in=b.tgt_in.pin_memory(), tgt_out=b.tgt_out.pin_memory())
+
+
+def to_device(b: Batch, rt: Runtime) -> Batch:
+    """The batch on the device: from pinned memory without waiting for the copy, on CUDA."""
+    if rt.device.type == "cpu":
+        return b
+    move = functools.partial(torch.Tensor.to, device=rt.device, non_blocking=True)
+    return dataclasses.replace(b, src=move(b.src), tgt_in=move(b.tgt_in), tgt_out=move(b.tgt_out))
+
+
+class BatchStream:
+    """This rank's batches from (epoch, position) on, collated by a background thread a few batches ahead.
+
+    The order is the plan's, a function of (seed, epoch) alone, so a resumed run takes the same batches. On CUDA
+    they come padded to PAD_MULTIPLE and in pinned memory, so that their copy to the GPU overlaps the step.
+    """
+
+    AHEAD = 4
+
+    def __init__(self, data: TrainData, epoch: int, pos: int, cfg: Config, rt: Runtime):
+        self.queue: queue.Queue = queue.Queue(maxsize=self.AHEAD)
+        self.head = None  # an item peek() took from the queue and get() has not
+        self.closed = threading.Event()
+        args = (data, epoch, pos, cfg, rt)
+        self.thread = threading.Thread(target=self.fill, args=args, name="nanomt-collate", daemon=True)
+        self.thread.start()
+
+    def fill(self, data: TrainData, epoch: int, pos: int, cfg: Config, rt: Runtime) -> None:
+        try:
+            while True:
+                ep = epoch_batches(data, epoch, cfg, rt)
+                if rt.is_main:
+                    log.debug("epoch %d: padding fraction %.3f", epoch, ep.padding)
+                for i in range(pos, len(ep.batches)):
+                    b = collate(ep.corpus, ep.batches[i])
+                    if rt.device.type == "cuda":
+                        b = pinned(pad_width(b, PAD_MULTIPLE))
+                    if not self.put((epoch, i, ep, b)):
+                        return
+                epoch, pos = epoch + 1, 0
+        except BaseException as e:  # the consumer raises it
+            self.put(e)
+
+    def put(self, item) -> bool:
+        while not self.closed.is_set():
+            try:
+                self.queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                pass
+        return False
+
+    def peek(self) -> tuple[int, int, Epoch, Batch]:
+        """The next (epoch, position, its Epoch, batch), left for get() to take."""
+        if self.head is None:
+            self.head = self.queue.get()
+        if isinstance(self.head, BaseException):
+            raise self.head
+        return self.head
+
+    def get(self) -> tuple[int, int, Epoch, Batch]:
+        """The next (epoch, position, its Epoch, batch)."""
+        item, self.head = self.peek(), None
+        return item
+
+    def close(self) -> None:
+        self.closed.set()
+        self.thread.join()
+
+
+@dataclass(frozen=True)
+class Group:
+    """The batches of one optimizer step on this rank, and the target tokens of the step on all ranks."""
+
+    batches: list[Batch]
+    tokens: int
 
 
 def next_group(
-    data: TrainData, ep: Epoch, state: TrainState, model: Transformer, cfg: Config, rt: Runtime
-) -> tuple[list[Batch], Epoch]:
-    """The next accum_steps batches on the device, moving on to a newly drawn epoch where one ends."""
-    group: list[Batch] = []
-    while len(group) < cfg.train.accum_steps:
-        if state.batch_pos >= len(ep.batches):
-            state.epoch, state.batch_pos = state.epoch + 1, 0
-            ep = epoch_batches(data, state.epoch, model, cfg, rt)
-        group.append(collate(ep.corpus, ep.batches[state.batch_pos]).to(rt.device))
-        state.batch_pos += 1
-    return group, ep
+    stream: BatchStream, state: TrainState, model: Transformer, data: TrainData, cfg: Config, rt: Runtime
+) -> tuple[Group, Epoch]:
+    """The next accum_steps batches on the device; the state's position moves past them, to a new epoch if one ends."""
+    batches, tokens = [], 0
+    for _ in range(cfg.train.accum_steps):
+        if batches and finished(state, stream, cfg.train):  # the data ends within the group: a shorter last one
+            break
+        epoch, pos, ep, b = stream.get()
+        if epoch != state.epoch:
+            set_output_vocab(model, data, epoch, cfg.train)
+        state.epoch, state.batch_pos = epoch, pos + 1
+        batches.append(to_device(b, rt))
+        tokens += ep.tokens[pos]
+    return Group(batches, tokens), ep
 
 
-def all_ranks_mean(value: float, rt: Runtime) -> float:
-    """The mean of a number over the ranks (the number itself in one process)."""
-    if rt.world == 1:
-        return value
-    t = torch.tensor([value], dtype=torch.float64, device=rt.device)
-    dist.all_reduce(t)
-    return t.item() / rt.world
+def backward(model: Transformer, ddp_model, group: Group, scaler, cfg: Config, rt: Runtime) -> torch.Tensor:
+    """Gradients of the group's summed loss over the target tokens of all ranks; returns this rank's share of it.
 
-
-def backward(model: Transformer, ddp_model, group: list[Batch], scaler, cfg: Config, rt: Runtime) -> float:
-    """Gradients of the group's summed loss over its target tokens (all ranks' tokens); returns that loss."""
-    # Normalized by the global token count, so that DDP's average of the ranks' gradients is exact.
-    n_tokens = all_ranks_mean(sum(b.n_tgt_tokens for b in group), rt)
-    loss_sum = 0.0
-    for i, b in enumerate(group):
-        last = i == len(group) - 1
+    The share stays on the device (the mean over the ranks is the step's loss, read at log intervals): the step
+    waits for nothing. The token count comes from the batch plan, on the host: no collective either.
+    """
+    # Normalized by the ranks' mean token count, so that DDP's average of the ranks' gradients is exact.
+    n_tokens = group.tokens / rt.world
+    losses = []
+    for i, b in enumerate(group.batches):
+        last = i == len(group.batches) - 1
         with contextlib.nullcontext() if rt.world == 1 or last else ddp_model.no_sync():
             with autocast(rt.precision, rt.device):
                 logits = ddp_model(b.src, b.tgt_in, restricted=True)
             target = model.output_targets(b.tgt_out)
             loss = label_smoothed_loss(logits, target, cfg.train.label_smoothing, PAD_ID) / n_tokens
             (scaler.scale(loss) if scaler else loss).backward()
-        loss_sum += loss.item()
-    return all_ranks_mean(loss_sum, rt)  # every rank logs, and stops on, the loss of the whole global batch
+        losses.append(loss.detach())
+    return torch.stack(losses).sum()
 
 
-def update(model: Transformer, optimizer: torch.optim.Optimizer, scaler, lr: float, clip_norm: float) -> float:
+def update(model: Transformer, optimizer: torch.optim.Optimizer, scaler, lr: float, clip_norm: float) -> torch.Tensor:
     """Clip the gradients, step the optimizer at `lr`, zero the gradients; returns the norm before clipping."""
     for g in optimizer.param_groups:
         g["lr"] = lr
     if scaler:
         scaler.unscale_(optimizer)
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm or float("inf")).item()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm or float("inf"))
     if scaler:
         scaler.step(optimizer)
         scaler.update()
     else:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return grad_norm
+    return grad_norm.detach()
 
 
 @torch.no_grad()
 def evaluate_loss(model: Transformer, corpus: Corpus, cfg: Config, rt: Runtime) -> float:
-    """Label-smoothed loss per target token on a corpus."""
-    total, tokens = 0.0, 0
-    for idx in make_batches(corpus.src_lens, corpus.tgt_lens, cfg.train.max_tokens, 0, 0, shuffle=False):
-        batch = collate(corpus, idx).to(rt.device)
+    """Label-smoothed loss per target token on a corpus; each rank scores its share of the batches."""
+    sums = torch.zeros(2, dtype=torch.float64, device=rt.device)  # loss, target tokens
+    batches = make_batches(corpus.src_lens, corpus.tgt_lens, cfg.train.max_tokens, 0, 0, shuffle=False)
+    for idx in batches[rt.rank :: rt.world]:
+        batch = to_device(collate(corpus, idx), rt)
         with autocast(rt.precision, rt.device):
             logits = model(batch.src, batch.tgt_in, restricted=True)
         target = model.output_targets(batch.tgt_out)  # with restrict_output, ids it never scores are skipped
-        total += label_smoothed_loss(logits, target, cfg.train.label_smoothing, PAD_ID).item()
-        tokens += int((target != PAD_ID).sum())
-    return total / max(tokens, 1)
+        sums[0] += label_smoothed_loss(logits, target, cfg.train.label_smoothing, PAD_ID)
+        sums[1] += (target != PAD_ID).sum()
+    if rt.world > 1:
+        dist.all_reduce(sums)
+    loss, tokens = sums.tolist()
+    return loss / max(tokens, 1)
 
 
-def evaluate(model: Transformer, data: TrainData, cfg: Config, rt: Runtime) -> dict:
-    """Validation loss per target token, and greedy BLEU on the first valid_bleu_sentences pairs."""
+def evaluate(model: Transformer, data: TrainData, cfg: Config, rt: Runtime) -> dict | None:
+    """Validation loss per target token, and greedy BLEU on the first valid_bleu_sentences pairs.
+
+    Every rank evaluates its share, so that none waits for the others in a collective meanwhile; rank 0 gets the
+    row, the others None.
+    """
     corpus, srcs, refs = data.valid
     model.eval()
     row = {"valid_loss": evaluate_loss(model, corpus, cfg, rt)}
     if srcs:
+        mine = srcs[rt.rank :: rt.world]
         translator = Translator(model, data.tokenizer, cfg, rt.device)
         with autocast(rt.precision, rt.device):
-            hyps = translator.translate(srcs, beam_size=1, max_tokens=cfg.train.max_tokens)
-        row["valid_bleu"] = bleu(hyps, refs)
+            hyps = translator.translate(mine, beam_size=1, max_tokens=cfg.train.max_tokens) if mine else []
+        if rt.world > 1:  # sentence i was rank i % world's
+            parts = [None] * rt.world if rt.is_main else None
+            dist.gather_object(hyps, parts, dst=0, group=rt.host_group)
+            hyps = [parts[i % rt.world][i // rt.world] for i in range(len(srcs))] if rt.is_main else []
+        row["valid_bleu"] = bleu(hyps, refs) if rt.is_main else 0.0
     model.train()
-    return row
+    return row if rt.is_main else None
 
 
 def keep_best(model: Transformer, row: dict, state: TrainState, run_dir: Path) -> None:
@@ -402,21 +567,57 @@ class MetricsLog:
 # ---------------------------------------------------------------------------------------------------------
 
 
-@dataclass
 class Window:
-    """Sums over the steps since the last log row."""
+    """The steps since the last log row; their losses and gradient norms stay on the device until read."""
 
-    loss: float = 0.0
-    tokens: int = 0
-    seconds: float = 0.0
-    steps: int = 0
+    def __init__(self, step: int):
+        self.mark = time.perf_counter()  # the run's clock: state.elapsed counts the time up to here
+        self.reset(step)
 
-    def add(self, loss: float, tokens: int, seconds: float) -> None:
-        self.loss, self.tokens, self.seconds, self.steps = (
-            self.loss + loss,
-            self.tokens + tokens,
-            self.seconds + seconds,
-            self.steps + 1,
+    def reset(self, step: int) -> None:
+        self.first_step, self.losses, self.norms, self.tokens = step + 1, [], [], 0
+        self.start, self.paused = time.perf_counter(), 0.0
+
+    def add(self, loss: torch.Tensor, grad_norm: torch.Tensor, tokens: int) -> None:
+        self.losses.append(loss)
+        self.norms.append(grad_norm)
+        self.tokens += tokens
+
+    @contextlib.contextmanager
+    def pause(self):
+        """Time in the block (evaluation, checkpoints) is not training time for tokens/s."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.paused += time.perf_counter() - t0
+
+    def read(self, state: TrainState, stop: bool, rt: Runtime) -> tuple[list[float], list[float], bool]:
+        """The losses (mean over the ranks) and gradient norms of the steps so far, and whether a rank stops.
+
+        The loop's one wait for the device, and under DDP its one exchange of host values: state.elapsed
+        becomes rank 0's clock, so that every rank computes the same lr and stops at the same step.
+        """
+        now = time.perf_counter()
+        clock = state.elapsed + now - self.mark if rt.is_main else 0.0
+        self.mark = now
+        values = torch.stack([*self.losses, *self.norms]).double()
+        values = torch.cat([values, torch.tensor([clock, float(stop)], dtype=torch.float64).to(rt.device)])
+        if rt.world > 1:
+            dist.all_reduce(values)  # sums: the other ranks' clocks are 0
+        *values, state.elapsed, stops = values.tolist()
+        n = len(self.losses)
+        return [v / rt.world for v in values[:n]], [v / rt.world for v in values[n:]], stops > 0
+
+
+def check_finite(losses: list[float], first_step: int, run_dir: Path) -> None:
+    """A non-finite loss stops training, naming the last checkpoint written before it (all checked ones)."""
+    bad = [(i, x) for i, x in enumerate(losses) if not math.isfinite(x)]
+    if bad:
+        good = ckpt.step_dirs(run_dir)
+        raise TrainingError(
+            f"loss is {bad[0][1]} at step {first_step + bad[0][0]}; stopping. The last good checkpoint is "
+            f"{good[-1][1] if good else 'none'}; try a lower train.lr or train.precision=fp32"
         )
 
 
@@ -434,18 +635,37 @@ def sigint_requests_stop(enabled: bool):
         signal.signal(signal.SIGINT, old)
 
 
+def lost_ranks_fail_clearly(fn):
+    """Under DDP, a collective that fails or times out (another rank died or hangs) is a TrainingError saying so."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except RuntimeError as e:  # torch.distributed's errors (DistError and the backends') are RuntimeErrors
+            if not (dist.is_initialized() and dist.get_world_size() > 1) or isinstance(e, TrainingError):
+                raise
+            if not (isinstance(e, dist.DistError) or any(w in str(e) for w in ("Gloo", "gloo", "NCCL", "nccl"))):
+                raise
+            timeout = runtime.env_seconds(runtime.COLLECTIVE_TIMEOUT_ENV, runtime.COLLECTIVE_TIMEOUT_S)
+            raise TrainingError(
+                f"rank {dist.get_rank()}: lost the other ranks: a collective failed, or waited longer than "
+                f"{runtime.COLLECTIVE_TIMEOUT_ENV}={timeout:g} seconds; another rank died or hangs (its log says "
+                f"why). {first_line(e)}"
+            ) from e
+
+    return wrapper
+
+
+@lost_ranks_fail_clearly
 def train(cfg: Config, run_dir: str | Path) -> Path:
     """Train (or resume) a run in `run_dir`; returns the run directory."""
     run_dir, tc = Path(run_dir), cfg.train
     rt = runtime.setup(tc.device, tc.precision, tc.num_threads)
     cfg, data = prepare_data(cfg, run_dir, rt)
-    model, optimizer = build(cfg, rt)
-    state, resumed_from = TrainState.resume_or_new(run_dir, model, optimizer, rt.rank)
-    ddp_model = model
-    if rt.world > 1:
-        device_ids = [rt.device.index] if rt.device.type == "cuda" else None
-        ddp_model = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
-    scaler = torch.amp.GradScaler("cuda") if rt.precision == "fp16" else None
+    model, optimizer, scaler = build(cfg, rt)
+    state, resumed_from = TrainState.resume_or_new(run_dir, model, optimizer, scaler, rt.rank)
+    ddp_model = step_model(model, rt)
     metrics = MetricsLog(run_dir / "metrics.jsonl", rt.is_main, state.step, tc.tensorboard)
     if rt.is_main:
         if resumed_from:
@@ -460,76 +680,75 @@ def train(cfg: Config, run_dir: str | Path) -> Path:
             rt.precision if rt.precision == tc.precision else f"{tc.precision} ({rt.precision})",
         )
 
-    def save() -> None:
-        if rt.is_main:
-            state.save(run_dir, model, optimizer, tc.keep_last)
+    def save() -> None:  # every rank: rank 0 writes, with every rank's RNG states
+        state.save(run_dir, model, optimizer, scaler, tc.keep_last, rt.host_group)
 
-    def evaluate_and_log() -> None:
-        row = {"step": state.step, "epoch": state.epoch, **evaluate(model, data, cfg, rt)}
+    def evaluate_and_log() -> None:  # every rank evaluates its share; rank 0 logs
+        row = evaluate(model, data, cfg, rt)
+        if row is None:
+            return
+        row = {"step": state.step, "epoch": state.epoch, **row}
         metrics.write({**row, "elapsed_s": round(state.elapsed, 2)})
         keep_best(model, row, state, run_dir)
         bleu_text = f", valid BLEU {row['valid_bleu']:.2f}" if "valid_bleu" in row else ""
         log.info("step %d: valid loss %.3f%s", state.step, row["valid_loss"], bleu_text)
 
     start_step = state.step
-    ep = epoch_batches(data, state.epoch, model, cfg, rt)
-    if rt.is_main:
-        log.info("padding fraction %.3f", ep.padding)
+    set_output_vocab(model, data, state.epoch, tc)
     # After the set-up (tokenizer, binarizing), whose freed memory the heap would otherwise keep for the whole run.
     if rt.device.type == "cpu" and runtime.keep_freed_memory():
         log.debug("malloc: no mmap for large blocks, no heap trimming, for the rest of this process")
     show_bar = rt.is_main and tc.progress and sys.stderr.isatty()
     bar = tqdm(total=tc.max_steps, initial=state.step, disable=not show_bar, dynamic_ncols=True, unit="step")
-    window = Window()
+    stream = BatchStream(data, state.epoch, state.batch_pos, cfg, rt)
+    window = Window(state.step)
     model.train()
-    with sigint_requests_stop(rt.is_main) as stop, contextlib.closing(bar):
-        while not done(state, ep, tc):
-            t0 = time.perf_counter()
-            group, ep = next_group(data, ep, state, model, cfg, rt)
+    with sigint_requests_stop(True) as stop, contextlib.closing(bar), contextlib.closing(stream):
+        while not done(state, stream, tc):
+            group, ep = next_group(stream, state, model, data, cfg, rt)
             loss = backward(model, ddp_model, group, scaler, cfg, rt)
-            if not math.isfinite(loss):
-                good = ckpt.step_dirs(run_dir)
-                raise TrainingError(
-                    f"loss is {loss} at step {state.step + 1}; stopping. The last good checkpoint is "
-                    f"{good[-1][1] if good else 'none'}; try a lower train.lr or train.precision=fp32"
-                )
             lr = lr_at(state.step + 1, tc, cfg.model.d_model, state.elapsed)
-            grad_norm = update(model, optimizer, scaler, lr, tc.clip_norm)
+            window.add(loss, update(model, optimizer, scaler, lr, tc.clip_norm), group.tokens)
             state.step += 1
-            window.add(loss, sum(b.n_tgt_tokens for b in group), time.perf_counter() - t0)
-            if state.step % tc.log_every == 0 or state.step == tc.max_steps:
+            bar.update(1)
+            logging_due = state.step % tc.log_every == 0 or finished(state, stream, tc)
+            eval_due = data.valid is not None and state.step % tc.eval_every == 0
+            save_due = state.step % tc.save_every == 0
+            if not (logging_due or eval_due or save_due or (rt.world == 1 and stop.is_set())):
+                continue  # no wait for the device: the next step is queued behind this one
+            losses, norms, stopping = window.read(state, stop.is_set(), rt)
+            check_finite(losses, window.first_step, run_dir)  # before any checkpoint of these steps
+            if logging_due:
+                seconds = time.perf_counter() - window.start - window.paused
                 row = {
                     "step": state.step,
                     "epoch": state.epoch,
-                    "loss": window.loss / window.steps,
+                    "loss": sum(losses) / len(losses),
                     "lr": lr,
-                    "tokens_per_s": window.tokens * rt.world / max(window.seconds, 1e-9),
-                    "grad_norm": grad_norm,
+                    "tokens_per_s": window.tokens / max(seconds, 1e-9),
+                    "grad_norm": norms[-1],
                     "padding": ep.padding,
-                    "elapsed_s": round(state.elapsed + time.perf_counter() - t0, 2),
+                    "elapsed_s": round(state.elapsed, 2),
                 }
                 metrics.write(row)
                 bar.set_postfix(loss=f"{row['loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{row['tokens_per_s']:.0f}")
                 if not show_bar and rt.is_main:
                     log.info("step %d: loss %.3f, lr %.2e, %.0f tokens/s", *(row[k] for k in LOGGED))
-                window = Window()
-            bar.update(1)
-            if rt.is_main and data.valid is not None and state.step % tc.eval_every == 0:
-                evaluate_and_log()
-            state.elapsed += time.perf_counter() - t0  # the wall-clock budget counts evaluation too
-            if tc.max_minutes is not None:  # rank 0's clock for all: one lr, one last step
-                state.elapsed = rank0_value(state.elapsed, rt)
-            if state.step % tc.save_every == 0:
-                save()
-            if stop.is_set():
-                save()
+                window.reset(state.step)
+            with window.pause():
+                if eval_due:
+                    evaluate_and_log()
+                if save_due or stopping:
+                    save()
+            if stopping:
                 log.warning("interrupted at step %d; checkpoint saved. Run the same command to resume.", state.step)
                 raise KeyboardInterrupt
     # A finished run that is started again resumes, finds nothing to do and returns: no second final eval.
-    has_weights = (run_dir / ckpt.WEIGHTS).is_file()
-    if rt.is_main and (state.step > start_step or not has_weights):
+    has_weights = rank0_value((run_dir / ckpt.WEIGHTS).is_file(), rt)
+    if state.step > start_step or not has_weights:
         if data.valid is None:  # nothing to choose by: the last weights
-            ckpt.save_weights(model, run_dir / ckpt.WEIGHTS)
+            if rt.is_main:
+                ckpt.save_weights(model, run_dir / ckpt.WEIGHTS)
         elif state.step % tc.eval_every != 0 or not has_weights:
             evaluate_and_log()
         if state.step % tc.save_every != 0:
@@ -542,24 +761,24 @@ def train(cfg: Config, run_dir: str | Path) -> Path:
 LOGGED = ("step", "loss", "lr", "tokens_per_s")
 
 
-def rank0_value(value: float, rt: Runtime) -> float:
-    """Rank 0's value of a number on every rank."""
+def rank0_value(value, rt: Runtime):
+    """Rank 0's value of a (picklable) value, on every rank."""
     if rt.world == 1:
         return value
-    t = torch.tensor([value], dtype=torch.float64, device=rt.device)
-    dist.broadcast(t, 0)
-    return t.item()
+    box = [value]
+    dist.broadcast_object_list(box, src=0, group=rt.host_group)
+    return box[0]
 
 
-def done(state: TrainState, ep: Epoch, tc: TrainConfig) -> bool:
+def finished(state: TrainState, stream: BatchStream, tc: TrainConfig) -> bool:
+    """Whether the step budget is spent, or the epoch budget: the next batch would be from epoch max_epochs."""
+    return state.step >= tc.max_steps or (tc.max_epochs is not None and stream.peek()[0] >= tc.max_epochs)
+
+
+def done(state: TrainState, stream: BatchStream, tc: TrainConfig) -> bool:
     """Whether a stopping criterion (steps, epochs, wall-clock minutes) is met."""
-    if state.step >= tc.max_steps:
-        return True
-    # An epoch whose batches are all trained counts as done, before the next one is drawn.
-    epochs_done = state.epoch + (state.batch_pos >= len(ep.batches))
-    if tc.max_epochs is not None and epochs_done >= tc.max_epochs:
-        return True
-    return tc.max_minutes is not None and state.elapsed >= tc.max_minutes * 60
+    # The clock (state.elapsed) moves at log intervals, evaluations and checkpoints, the same on every rank.
+    return finished(state, stream, tc) or (tc.max_minutes is not None and state.elapsed >= tc.max_minutes * 60)
 
 
 def train_from_file(config_path: str | Path, run_dir: str | Path | None, overrides: list[str]) -> Path:
