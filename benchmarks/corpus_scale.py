@@ -124,7 +124,6 @@ def run_stage(stage: str, config: Path, run_dir: Path, seconds: float) -> dict:
     from nanomt import runtime
     from nanomt.config import load_config
     from nanomt.data import binarize, collate
-    from nanomt.model import Transformer
     from nanomt.tokenizer import Tokenizer
     from nanomt.train import epoch_batches, prepare_data, prepare_run_dir, train
 
@@ -148,11 +147,10 @@ def run_stage(stage: str, config: Path, run_dir: Path, seconds: float) -> dict:
         rt = runtime.setup("cpu", "fp32", None)
         cfg, data = prepare_data(cfg, run_dir, rt)
         out["prepare_s"] = round(time.perf_counter() - t0, 2)
-        model = Transformer(cfg.model)
         epochs = (0, 1) if stage == "epoch" else (0,)
         for epoch in epochs:
             t1 = time.perf_counter()
-            ep = epoch_batches(data, epoch, model, cfg, rt)
+            ep = epoch_batches(data, epoch, cfg, rt)
             out[f"epoch{epoch}_s"] = round(time.perf_counter() - t1, 2)
             out[f"epoch{epoch}_batches"] = len(ep.batches)
             out[f"epoch{epoch}_pairs"] = len(ep.corpus)

@@ -30,6 +30,7 @@ from nanomt.config import BOS_ID, EOS_ID, PAD_ID, Config, SplitConfig, TrainConf
 from nanomt.data import (
     Batch,
     Corpus,
+    CorpusText,
     binarize,
     both_directions,
     check_split,
@@ -197,7 +198,7 @@ class TrainData:
     corpus: Corpus
     valid: tuple[Corpus, list[str], list[str]] | None  # binarized, and the raw sources/references for BLEU
     max_len: int
-    texts: tuple[list[str], list[str]] | None  # the raw pairs, re-segmented every epoch under BPE-dropout
+    texts: tuple[CorpusText, CorpusText] | None  # memory-mapped raw pairs, re-segmented each epoch (BPE-dropout)
     output_vocab: dict[bool, torch.Tensor]  # restrict_output: the scored target ids, with / without reversed pairs
 
 
