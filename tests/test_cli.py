@@ -92,6 +92,7 @@ def test_checkpoint_with_another_vocabulary_is_refused(run_dir, toy_corpus, tmp_
     assert res.returncode == 1 and res.stderr.startswith("nanomt: error:") and "vocabulary" in res.stderr
 
 
+@pytest.mark.slow
 def test_ensemble_of_checkpoints_translates_and_evaluates(run_dir, toy_corpus):
     steps = [p for _, p in step_dirs(run_dir)]
     lines = toy_corpus["test.src"].read_text().splitlines()[:6]
@@ -122,6 +123,7 @@ def test_ensemble_of_checkpoints_with_different_tokenizers_is_refused(run_dir, t
     assert res.returncode == 1 and res.stderr.count("\n") == 1 and "tokenizer differs" in res.stderr
 
 
+@pytest.mark.slow
 def test_evaluate_json_matches_sacrebleu(run_dir, toy_corpus, tmp_path):
     hyp = tmp_path / "hyp.txt"
     res = cli(
@@ -159,6 +161,7 @@ def test_evaluate_mismatched_files_is_one_line_error(run_dir, toy_corpus, tmp_pa
     assert res.stderr.count("\n") == 1 and "short.tgt" in res.stderr and "100" in res.stderr
 
 
+@pytest.mark.slow
 def test_average_is_the_mean_and_a_complete_checkpoint(run_dir, tmp_path):
     steps = [p for _, p in step_dirs(run_dir)]
     assert len(steps) == 3
@@ -196,6 +199,7 @@ def test_help_lists_every_command():
         assert command in res.stdout
 
 
+@pytest.mark.slow
 def test_synth_writes_the_toy_pair(tmp_path):
     res = cli("synth", tmp_path / "toy", "--pairs", 50, "--seed", 3)
     assert res.returncode == 0, res.stderr

@@ -60,6 +60,7 @@ def assert_same_weights(a_dir, b_dir, exact=True):
             torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_two_process_run_killed_and_resumed_equals_an_unbroken_one(toy_corpus, tmp_path):
     """Dropout on: the resumed ranks must each draw from their own saved RNG state, bit for bit."""
     base = tiny_config(toy_corpus, max_steps=100_000, save_every=3, keep_last=100, eval_every=100_000, log_every=1)
@@ -150,6 +151,7 @@ main(sys.argv[1:])
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["dies", "hangs"])
 def test_a_lost_rank_ends_the_others_with_a_clear_error_in_bounded_time(toy_corpus, tmp_path, how):
     cfg = write_config(tmp_path / "cfg", tiny_config(toy_corpus, max_steps=1000, eval_every=1000, save_every=1000))
@@ -181,6 +183,7 @@ def test_a_lost_rank_ends_the_others_with_a_clear_error_in_bounded_time(toy_corp
     assert f"NANOMT_COLLECTIVE_TIMEOUT={timeout}" in last
 
 
+@pytest.mark.slow
 def test_two_single_process_nodes_equal_one_process_with_accumulation(toy_corpus, tmp_path):
     """torchrun on two "machines" (both 127.0.0.1) with one process each: the update of one process, accum 2."""
     base = tiny_config(toy_corpus, max_steps=4, save_every=4, eval_every=1000, log_every=1)

@@ -14,6 +14,7 @@ sys.path.insert(0, str(ROOT))
 gpu_step = pytest.importorskip("benchmarks.gpu_step")
 
 
+@pytest.mark.slow
 def test_runs_on_a_cpu_with_a_tiny_shape(tmp_path):
     out = tmp_path / "gpu_step.json"
     cmd = [sys.executable, "-m", "benchmarks.gpu_step", "--device", "cpu", "--tiny", "--steps", "2", "--warmup", "1"]

@@ -349,6 +349,7 @@ def bidir_run(bidir_config, tmp_path_factory):
     return train(config_from_dict(bidir_config), tmp_path_factory.mktemp("bidir") / "run")
 
 
+@pytest.mark.slow
 def test_the_first_epoch_holds_both_directions_and_scores_both_sides_ids(bidir_run):
     run = bidir_run
     cfg = load_config(run / "config.yaml")
@@ -374,6 +375,7 @@ def test_the_first_epoch_holds_both_directions_and_scores_both_sides_ids(bidir_r
         assert torch.equal(got, mask[step <= n_bidir]), step
 
 
+@pytest.mark.slow
 def test_a_run_resumed_in_its_bidirectional_epoch_ends_on_the_same_weights(bidir_run, bidir_config, tmp_path):
     split = tmp_path / "split"
     shutil.copytree(bidir_run, split)
