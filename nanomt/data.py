@@ -414,8 +414,7 @@ def binarize(cfg: DataConfig, name: str, tokenizer: Tokenizer, cache_dir: str | 
         check_split(getattr(cfg, name), name)  # every file problem surfaces before any encoding
     cache_dir.mkdir(parents=True, exist_ok=True)
     # Written under a temporary name and renamed, so a crash never leaves a half-written cache.
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=cache_dir))
-    try:
+    with _writing(final) as tmp:
         stats = _write_arrays(split_pairs(cfg, name), tokenizer, tmp, max_len)
         if stats["pairs"] == 0:
             raise CorpusError(
@@ -428,15 +427,6 @@ def binarize(cfg: DataConfig, name: str, tokenizer: Tokenizer, cache_dir: str | 
             "tgt_dtype": _token_dtype(tokenizer.tgt_vocab_size).name,
         }
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2))  # last: its presence marks completion
-        if final.exists() and not (final / META_FILE).is_file():
-            shutil.rmtree(final)  # an incomplete leftover
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not (final / META_FILE).is_file():  # not just another process finishing first
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     _log_stats(name, stats, max_len, cached=False)
     return _open_corpus(final)
 
@@ -484,6 +474,8 @@ def _writing(final: Path | None) -> Iterator[Path]:
     try:
         yield tmp
         if final is not None:
+            if final.exists() and not (final / META_FILE).is_file():
+                shutil.rmtree(final)  # an incomplete leftover
             try:
                 os.rename(tmp, final)
             except OSError:
