@@ -2,6 +2,7 @@
 
 import os
 import sys
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -135,3 +136,13 @@ def hf_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True)
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
     return home
+
+
+def peak_python_memory(fn) -> int:
+    """The peak of Python-level allocations (tracemalloc) while fn runs."""
+    tracemalloc.start()
+    try:
+        fn()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()

@@ -5,11 +5,11 @@ import os
 import random
 import subprocess
 import sys
-import tracemalloc
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import peak_python_memory
 
 from nanomt import data
 from nanomt.config import DataConfig, SplitConfig
@@ -45,15 +45,6 @@ def tokenizer(tmp_path_factory) -> Tokenizer:
 def binarized(directory: Path, n: int, seed: int, tokenizer: Tokenizer) -> Corpus:
     cfg = DataConfig(train=write_split(directory, make_pairs(n, seed), f"c{n}"))
     return binarize(cfg, "train", tokenizer, directory / "cache", None)
-
-
-def peak_python_memory(fn) -> int:
-    tracemalloc.start()
-    try:
-        fn()
-        return tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
 
 
 def test_resegment_draws_the_ids_of_one_whole_corpus_encoding(tmp_path, tokenizer, monkeypatch):

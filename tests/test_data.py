@@ -4,11 +4,11 @@ import json
 import logging
 import os
 import random
-import tracemalloc
 
 import numpy as np
 import pytest
 import torch
+from conftest import peak_python_memory
 
 from nanomt import data
 from nanomt.config import DataConfig, HFDataConfig, SplitConfig
@@ -365,15 +365,6 @@ def test_binarize_cache_reused_then_invalidated(tmp_path, tokenizer, monkeypatch
     # Another max_len is another cache entry too.
     binarize(cfg, "train", tokenizer, cache, max_len=10)
     assert len(list(cache.iterdir())) == 3
-
-
-def peak_python_memory(fn) -> int:
-    tracemalloc.start()
-    try:
-        fn()
-        return tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
 
 
 def test_binarize_memory_does_not_grow_with_corpus(tmp_path, tokenizer, monkeypatch):
