@@ -195,6 +195,9 @@ class TrainConfig:
     valid_bleu_sentences: int | None = None
     tensorboard: bool = False
     progress: bool = True
+    # torch.compile the model for the training step (dynamic shapes): fuses a GPU's many small kernels. Off by
+    # default: on a 2-core CPU the compiled step was slower than eager (docs/experiments.md).
+    compile: bool = False
     # Bidirectional training (Ding et al., 2021, "BiT"): the first `bidirectional_epochs` epochs train on every
     # pair in both directions (src->tgt and tgt->src, twice the sentences an epoch), the rest on src->tgt only.
     # Needs data.shared_vocab, so that both sides' ids mean the same in the encoder and the decoder.

@@ -290,12 +290,14 @@ def build(cfg: Config, rt: Runtime) -> tuple[Transformer, torch.optim.Optimizer,
     return model, optimizer, scaler
 
 
-def step_model(model: Transformer, rt: Runtime) -> torch.nn.Module:
-    """What the step calls: the model, under DistributedDataParallel where there are several ranks."""
-    if rt.world == 1:
-        return model
-    device_ids = [rt.device.index] if rt.device.type == "cuda" else None
-    return torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+def step_model(model: Transformer, rt: Runtime, compile: bool = False) -> torch.nn.Module:
+    """The model the step calls: under DistributedDataParallel with several ranks, compiled if asked."""
+    stepped: torch.nn.Module = model
+    if rt.world > 1:
+        device_ids = [rt.device.index] if rt.device.type == "cuda" else None
+        stepped = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+    # Compiled last, around DDP, so that DDP's gradient hooks stay outside the graph; the weights stay `model`'s.
+    return torch.compile(stepped, dynamic=True) if compile else stepped
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -666,7 +668,7 @@ def train(cfg: Config, run_dir: str | Path) -> Path:
     cfg, data = prepare_data(cfg, run_dir, rt)
     model, optimizer, scaler = build(cfg, rt)
     state, resumed_from = TrainState.resume_or_new(run_dir, model, optimizer, scaler, rt.rank)
-    ddp_model = step_model(model, rt)
+    ddp_model = step_model(model, rt, tc.compile)
     metrics = MetricsLog(run_dir / "metrics.jsonl", rt.is_main, state.step, tc.tensorboard)
     if rt.is_main:
         if resumed_from:

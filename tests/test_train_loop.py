@@ -18,6 +18,7 @@ from nanomt.checkpoint import WEIGHTS, load_checkpoint, read_weights, step_dirs
 from nanomt.config import config_from_dict
 from nanomt.data import binarize, make_batches
 from nanomt.model import Transformer
+from nanomt.runtime import Runtime
 from nanomt.synthetic import write_corpus
 from nanomt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from nanomt.train import lr_at, train
@@ -292,3 +293,16 @@ def test_ctrl_c_checkpoints_the_last_step_and_resumes_bit_exact(small_corpus, tm
     assert_equal_weights(read_weights(run / WEIGHTS), read_weights(whole / WEIGHTS))
     untimed = [[{k: v for k, v in r.items() if k not in TIMED} for r in read_metrics(d)] for d in (run, whole)]
     assert untimed[0] == untimed[1]
+
+
+def test_train_compile_wraps_the_step_model_and_keeps_the_weights(small_corpus, tmp_path, monkeypatch):
+    """train.compile reaches the step's model: a torch.compile wrapper around the model whose weights are saved."""
+    model = Transformer(config_from_dict(tiny_config(small_corpus)).model)
+    compiled = train_module.step_model(model, Runtime(0, 1, torch.device("cpu"), "fp32"), compile=True)
+    assert isinstance(compiled, torch._dynamo.eval_frame.OptimizedModule) and compiled._orig_mod is model
+    assert train_module.step_model(model, Runtime(0, 1, torch.device("cpu"), "fp32")) is model
+    asked = []
+    real = train_module.step_model
+    monkeypatch.setattr(train_module, "step_model", lambda m, rt, compile: asked.append(compile) or real(m, rt))
+    train(config_from_dict(tiny_config(small_corpus, max_steps=1, compile=True)), tmp_path / "run")
+    assert asked == [True]
