@@ -595,6 +595,12 @@ class Window:
         finally:
             self.paused += time.perf_counter() - t0
 
+    def tick(self, state: TrainState, rt: Runtime) -> None:
+        """One process: the clock moves every step (it needs no exchange), so max_minutes and the lr follow it."""
+        if rt.world == 1:
+            now = time.perf_counter()
+            state.elapsed, self.mark = state.elapsed + now - self.mark, now
+
     def read(self, state: TrainState, stop: bool, rt: Runtime) -> tuple[list[float], list[float], bool]:
         """The losses (mean over the ranks) and gradient norms of the steps so far, and whether a rank stops.
 
@@ -718,6 +724,7 @@ def train(cfg: Config, run_dir: str | Path) -> Path:
             eval_due = data.valid is not None and state.step % tc.eval_every == 0
             save_due = state.step % tc.save_every == 0
             if not (logging_due or eval_due or save_due or (rt.world == 1 and stop.is_set())):
+                window.tick(state, rt)
                 continue  # no wait for the device: the next step is queued behind this one
             losses, norms, stopping = window.read(state, stop.is_set(), rt)
             check_finite(losses, window.first_step, run_dir)  # before any checkpoint of these steps
@@ -746,6 +753,7 @@ def train(cfg: Config, run_dir: str | Path) -> Path:
             if stopping:
                 log.warning("interrupted at step %d; checkpoint saved. Run the same command to resume.", state.step)
                 raise KeyboardInterrupt
+            window.tick(state, rt)
     # A finished run that is started again resumes, finds nothing to do and returns: no second final eval.
     has_weights = rank0_value((run_dir / ckpt.WEIGHTS).is_file(), rt)
     if state.step > start_step or not has_weights:
@@ -780,7 +788,8 @@ def finished(state: TrainState, stream: BatchStream, tc: TrainConfig) -> bool:
 
 def done(state: TrainState, stream: BatchStream, tc: TrainConfig) -> bool:
     """Whether a stopping criterion (steps, epochs, wall-clock minutes) is met."""
-    # The clock (state.elapsed) moves at log intervals, evaluations and checkpoints, the same on every rank.
+    # The clock (state.elapsed) moves every step in one process; under DDP at log intervals, evaluations and
+    # checkpoints, where the ranks take rank 0's, so that all stop at the same step.
     return finished(state, stream, tc) or (tc.max_minutes is not None and state.elapsed >= tc.max_minutes * 60)
 
 

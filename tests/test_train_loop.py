@@ -4,6 +4,7 @@ validation numbers recomputed by hand, and the Ctrl-C checkpoint."""
 import json
 import random
 import signal
+import time
 from pathlib import Path
 
 import numpy as np
@@ -306,3 +307,14 @@ def test_train_compile_wraps_the_step_model_and_keeps_the_weights(small_corpus, 
     monkeypatch.setattr(train_module, "step_model", lambda m, rt, compile: asked.append(compile) or real(m, rt))
     train(config_from_dict(tiny_config(small_corpus, max_steps=1, compile=True)), tmp_path / "run")
     assert asked == [True]
+
+
+def test_one_process_checks_the_clock_every_step(small_corpus, tmp_path):
+    """max_minutes ends a run at the step where time runs out, not at the next log row (here 10,000 steps on)."""
+    cfg = tiny_config(small_corpus, max_steps=100_000, max_minutes=0.02, log_every=10_000)
+    cfg["train"].update(eval_every=100_000, save_every=100_000)
+    start = time.perf_counter()
+    run = train(config_from_dict(cfg), tmp_path / "run")
+    assert time.perf_counter() - start < 60
+    (steps, _), *_ = step_dirs(run)
+    assert 1 <= steps < 2_000
