@@ -133,16 +133,17 @@ def has_split(cfg: Config, name: str) -> bool:
 
 
 def prepare_run_dir(cfg: Config, run_dir: Path) -> tuple[Config, Tokenizer]:
-    """Validate the corpus, train or load the tokenizer, fix vocabulary sizes in the config, save config.yaml."""
-    if cfg.data.hf is None:
-        check_split(cfg.data.train, "train")
-        if has_split(cfg, "valid"):
-            check_split(cfg.data.valid, "valid")
+    """Train (checking the corpus first) or load the tokenizer, fix vocabulary sizes in the config, save config.yaml."""
     run_dir.mkdir(parents=True, exist_ok=True)
     tok_dir = run_dir / ckpt.TOKENIZER
     if any(tok_dir.glob("*.model")):
+        # A restart reads no corpus file here: binarize checks the files when its cache misses.
         tokenizer = Tokenizer.load(tok_dir)
     else:
+        if cfg.data.hf is None:  # every file problem surfaces before the tokenizer is trained
+            check_split(cfg.data.train, "train")
+            if has_split(cfg, "valid"):
+                check_split(cfg.data.valid, "valid")
         log.info("training a %s tokenizer (vocab %d) on the training data", cfg.data.tokenizer, cfg.data.vocab_size)
         tokenizer = train_tokenizer(
             (s for s, _ in split_pairs(cfg.data, "train")),
@@ -377,8 +378,8 @@ class BatchStream:
         self.head = None  # an item peek() took from the queue and get() has not
         self.closed = threading.Event()
         args = (data, epoch, pos, cfg, rt)
+        # Started by the first peek: a finished run that is started again draws no epoch to throw it away.
         self.thread = threading.Thread(target=self.fill, args=args, name="nanomt-collate", daemon=True)
-        self.thread.start()
 
     def fill(self, data: TrainData, epoch: int, pos: int, cfg: Config, rt: Runtime) -> None:
         try:
@@ -408,6 +409,8 @@ class BatchStream:
     def peek(self) -> tuple[int, int, Epoch, Batch]:
         """The next (epoch, position, its Epoch, batch), left for get() to take."""
         if self.head is None:
+            if self.thread.ident is None:  # not started yet
+                self.thread.start()
             self.head = self.queue.get()
         if isinstance(self.head, BaseException):
             raise self.head
@@ -420,7 +423,8 @@ class BatchStream:
 
     def close(self) -> None:
         self.closed.set()
-        self.thread.join()
+        if self.thread.ident is not None:  # started
+            self.thread.join()
 
 
 @dataclass(frozen=True)

@@ -318,3 +318,18 @@ def test_one_process_checks_the_clock_every_step(small_corpus, tmp_path):
     assert time.perf_counter() - start < 60
     (steps, _), *_ = step_dirs(run)
     assert 1 <= steps < 2_000
+
+
+def test_a_finished_run_started_again_reads_no_corpus_and_draws_no_epoch(small_corpus, tmp_path, monkeypatch):
+    """The cached restart: no corpus file is read (binarize's cache hits) and no epoch is drawn to be thrown away."""
+    cfg = config_from_dict(tiny_config(small_corpus, max_steps=4, eval_every=4, save_every=4))
+    train(cfg, tmp_path / "run")
+    calls = []
+    for name in ("check_split", "epoch_batches"):
+        real = getattr(train_module, name)
+        monkeypatch.setattr(train_module, name, lambda *a, _n=name, _f=real, **k: calls.append(_n) or _f(*a, **k))
+    before = read_weights(tmp_path / "run" / WEIGHTS)
+    train(cfg, tmp_path / "run")
+    assert calls == []
+    after = read_weights(tmp_path / "run" / WEIGHTS)
+    assert all(torch.equal(before[k], after[k]) for k in before)
