@@ -309,6 +309,7 @@ def test_train_compile_wraps_the_step_model_and_keeps_the_weights(small_corpus, 
     assert asked == [True]
 
 
+@pytest.mark.slow
 def test_one_process_checks_the_clock_every_step(small_corpus, tmp_path):
     """max_minutes ends a run at the step where time runs out, not at the next log row (here 10,000 steps on)."""
     cfg = tiny_config(small_corpus, max_steps=100_000, max_minutes=0.02, log_every=10_000)
