@@ -747,7 +747,8 @@ def train(cfg: Config, run_dir: str | Path) -> Path:
                 metrics.write(row)
                 bar.set_postfix(loss=f"{row['loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{row['tokens_per_s']:.0f}")
                 if not show_bar and rt.is_main:
-                    log.info("step %d: loss %.3f, lr %.2e, %.0f tokens/s", *(row[k] for k in LOGGED))
+                    tok_s = row["tokens_per_s"]
+                    log.info("step %d: loss %.3f, lr %.2e, %.0f tokens/s", state.step, row["loss"], lr, tok_s)
                 window.reset(state.step)
             with window.pause():
                 if eval_due:
@@ -771,9 +772,6 @@ def train(cfg: Config, run_dir: str | Path) -> Path:
     if rt.world > 1:
         dist.barrier()
     return run_dir
-
-
-LOGGED = ("step", "loss", "lr", "tokens_per_s")
 
 
 def rank0_value(value, rt: Runtime):
