@@ -62,9 +62,20 @@ class ModelConfig:
     # The decoder's first input and the id that ends a sentence on both sides (Marian starts from its pad id).
     bos_id: int = BOS_ID
     eos_id: int = EOS_ID
+    # Embedding and output matrices get rows up to a multiple of this (never scored): on a GPU, a vocabulary such
+    # as opus-mt's 58,101 makes the output matmul miss the tensor cores' multiples of 8 (fairseq pads to 8 too).
+    vocab_multiple: int = 1
 
     def __post_init__(self):
-        for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff", "max_positions"):
+        for name in (
+            "src_vocab_size",
+            "tgt_vocab_size",
+            "d_model",
+            "n_heads",
+            "d_ff",
+            "max_positions",
+            "vocab_multiple",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("n_encoder_layers", "n_decoder_layers"):

@@ -93,38 +93,56 @@ def _select(enc: Encoded, cache: DecoderCache, index: Tensor) -> tuple[Encoded, 
     return _select_encoded(enc, index), cache.index_select(index)
 
 
+class _Space(NamedTuple):
+    """The scores decoding picks from: one per id, or one per id a pruned model scores (position p: ids[p])."""
+
+    ids: Tensor | None  # (K,) the id at each position; None: positions are ids
+    banned: list[int]  # positions never picked: PAD and BOS (unless one of them is also EOS)
+    eos: int | None  # EOS's position; None: the model never scores it
+
+    def to_ids(self, positions: Tensor) -> Tensor:
+        return positions if self.ids is None else self.ids[positions]
+
+
+def _space(model: Transformer, bos_id: int, eos_id: int, kept_only: bool = True) -> _Space:
+    """Where decoding picks: a `prune_output` copy's K scores (kept_only), else all V ids."""
+    banned = sorted({model.cfg.pad_id, bos_id} - {eos_id})
+    mask = getattr(model, "output_mask", None)  # an Ensemble has none
+    if not kept_only or mask is None or model.output.out_features != len(model.output_ids) or bool(mask.all()):
+        return _Space(None, banned, eos_id)
+    # A log_softmax and top-k over the K scores the pruned projection computes, rather than over V with -inf at
+    # the others: no (R, V) row to fill and scatter into at every step, and the same log-probs (-inf adds 0).
+    position = {i: p for p, i in enumerate(model.output_ids.tolist())}
+    banned = sorted(position[i] for i in banned if i in position)
+    return _Space(model.output_ids, banned, position.get(eos_id))
+
+
 def _next_log_probs(
     model: Transformer,
     tokens: Tensor,
     enc: Encoded,
     cache: DecoderCache,
-    banned: list[int],
+    space: _Space,
     block_eos: bool,
-    eos_id: int,
     normalize: bool = True,
 ) -> tuple[Tensor, DecoderCache]:
-    """Feed the newest tokens (R, 1); return next-token log-probs (or masked logits) (R, V), float32, and the cache."""
+    """Feed the newest tokens (R, 1) (ids); return next-token log-probs (or masked logits) over `space`, float32."""
     # normalize=False returns the masked logits instead: log-probs up to a per-row constant, all that argmax
     # and softmax sampling need (it saves a log_softmax over the vocabulary at every step).
-    out = model.decode(tokens, enc, cache)
+    out = model.decode(tokens, enc, cache) if space.ids is None else model.decode(tokens, enc, cache, restricted=True)
     # float32: logits may be bf16 under autocast, and beam scores add up many of these.
-    scores = out.logits[:, -1].float()  # (R, V)
+    scores = out.logits[:, -1].float()  # (R, V), or (R, K) over a pruned model's scored ids
     if normalize:
         scores = scores.log_softmax(dim=-1)
-    scores[:, banned] = -math.inf
-    if block_eos:
-        scores[:, eos_id] = -math.inf
+    scores[:, space.banned] = -math.inf
+    if block_eos and space.eos is not None:
+        scores[:, space.eos] = -math.inf
     return scores, out.cache
 
 
 def _special_ids(model: Transformer, bos_id: int | None, eos_id: int | None) -> tuple[int, int]:
     """The given BOS and EOS ids, or the model's own where None."""
     return (model.cfg.bos_id if bos_id is None else bos_id), (model.cfg.eos_id if eos_id is None else eos_id)
-
-
-def _banned(model: Transformer, bos_id: int, eos_id: int) -> list[int]:
-    """Ids that are never generated: PAD and BOS (unless one of them is also EOS)."""
-    return sorted({model.cfg.pad_id, bos_id} - {eos_id})
 
 
 def _until_eos(tokens: list[int], eos_id: int) -> list[int]:
@@ -153,11 +171,12 @@ def _generate(
     bos_id: int | None,
     eos_id: int | None,
     pick: Callable[[Tensor], Tensor],
+    kept_only: bool = True,
 ) -> list[list[int]]:
-    """Extend each sentence by the token `pick` chooses from its (R, V) masked logits until EOS or max_len."""
+    """Extend each sentence by the token `pick` chooses from its masked logits until EOS or max_len."""
     bos_id, eos_id = _special_ids(model, bos_id, eos_id)
     limits = _max_lens(model, src, max_len, eos_id)  # (B,)
-    banned = _banned(model, bos_id, eos_id)
+    space = _space(model, bos_id, eos_id, kept_only)
     enc = model.encode(src)
     cache = model.init_cache(enc, capacity=int(limits.max()))  # room for every step: no cache regrowth
     rows = torch.arange(src.size(0), device=src.device)  # (R,) the sentence of each active row
@@ -166,8 +185,8 @@ def _generate(
     tokens = src.new_full((src.size(0), 1), bos_id)  # (R, 1)
     for step in range(out.size(1)):
         # Unnormalized: argmax and softmax sampling give the same tokens from log-probs and from logits.
-        logits, cache = _next_log_probs(model, tokens, enc, cache, banned, step < min_len, eos_id, normalize=False)
-        next_tokens = pick(logits)  # (R,)
+        logits, cache = _next_log_probs(model, tokens, enc, cache, space, step < min_len, normalize=False)
+        next_tokens = space.to_ids(pick(logits))  # (R,)
         out[rows, step] = next_tokens
         alive = (next_tokens != eos_id) & (limits[rows] > step + 1)  # (R,)
         if not alive.all():
@@ -250,7 +269,8 @@ def sample(
     else:
         generator.manual_seed(seed)
     pick = _sampler(temperature, top_k, top_p, generator)
-    return _generate(model, src, max_len, min_len, bos_id, eos_id, pick)
+    # Over all V ids, -inf where a restricted model does not score: the draws a seed gives stay what they were.
+    return _generate(model, src, max_len, min_len, bos_id, eos_id, pick, kept_only=False)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -286,14 +306,14 @@ class _Candidates(NamedTuple):
     ends: Tensor  # (N, 2k) True when it ends with EOS or spends the sentence's max_len
 
 
-def _candidates(live_log_probs: Tensor, log_probs: Tensor, at_limit: Tensor, eos_id: int) -> _Candidates:
+def _candidates(live_log_probs: Tensor, log_probs: Tensor, at_limit: Tensor, eos_id: int, space: _Space) -> _Candidates:
     """Rank every (beam, token) extension by total log-prob and keep the best 2k per sentence."""
     n, k = live_log_probs.shape
     v = log_probs.size(-1)
     totals = (live_log_probs.view(-1, 1) + log_probs).view(n, k * v)  # (N, k*V)
     # 2k: even if k of them end with EOS, k remain to continue.
     top_log_probs, top = totals.topk(2 * k, dim=1)  # (N, 2k)
-    tokens = top % v
+    tokens = space.to_ids(top % v)
     parent = torch.arange(n, device=top.device)[:, None] * k + top // v  # (N, 2k)
     ends = (tokens == eos_id) | at_limit[:, None]  # (N, 2k)
     return _Candidates(top_log_probs, tokens, parent, ends)
@@ -389,7 +409,7 @@ def beam_search(
         return None if early_stopping else lambda log_prob: score(log_prob, step + 1)
 
     limits = _max_lens(model, src, max_len, eos_id)  # (N,)
-    banned = _banned(model, bos_id, eos_id)
+    space = _space(model, bos_id, eos_id)
     enc = model.encode(src)
     # Rows are sentence-major: row n*k + j is beam j of active sentence n.
     to_beams = torch.arange(src.size(0), device=device).repeat_interleave(k)  # (N*k,)
@@ -402,9 +422,9 @@ def beam_search(
     sentences = list(range(src.size(0)))  # the original index of each active sentence
     finished: list[list[Hypothesis]] = [[] for _ in sentences]
     for step in range(int(limits.max())):
-        log_probs, cache = _next_log_probs(model, tokens, enc, cache, banned, step < min_len, eos_id)
+        log_probs, cache = _next_log_probs(model, tokens, enc, cache, space, step < min_len)
         at_limit = limits <= step + 1  # (N,)
-        cands = _candidates(live_log_probs, log_probs, at_limit, eos_id)
+        cands = _candidates(live_log_probs, log_probs, at_limit, eos_id, space)
         _add_finished(finished, sentences, history, cands, step + 1, score, eos_id)
         live_log_probs, parent, live_tokens = _live_beams(cands)  # (N, k) each
         done = _sentences_done(finished, sentences, live_log_probs, at_limit, bound(step))

@@ -370,7 +370,7 @@ class Embedding(nn.Module):
         super().__init__()
         self.scale = math.sqrt(cfg.d_model)
         self.max_positions = cfg.max_positions
-        self.tokens = tokens if tokens is not None else nn.Embedding(vocab_size, cfg.d_model)
+        self.tokens = tokens if tokens is not None else nn.Embedding(padded(vocab_size, cfg), cfg.d_model)
         if cfg.positional == "learned":
             self.positions = nn.Embedding(cfg.max_positions, cfg.d_model)
         else:
@@ -406,7 +406,7 @@ class Transformer(nn.Module):
         # Pre-norm leaves the residual stream unnormalized, so each stack ends with a LayerNorm.
         self.encoder_norm = LayerNorm(cfg.d_model, cfg.layer_norm_eps) if cfg.norm_first else nn.Identity()
         self.decoder_norm = LayerNorm(cfg.d_model, cfg.layer_norm_eps) if cfg.norm_first else nn.Identity()
-        self.output = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=cfg.output_bias)
+        self.output = nn.Linear(cfg.d_model, padded(cfg.tgt_vocab_size, cfg), bias=cfg.output_bias)
         self.reset_parameters()
         if cfg.tie_output:  # 3.4: the pre-softmax projection shares the target embedding matrix
             self.output.weight = self.tgt_embed.tokens.weight
@@ -454,13 +454,13 @@ class Transformer(nn.Module):
 
     def logits(self, h: Tensor, restricted: bool = False) -> Tensor:
         """h (B, T, D) -> logits (B, T, V), -inf at ids the output does not score; restricted: (B, T, K) only."""
+        v = self.cfg.tgt_vocab_size
         if self.output_mask is None:
-            return self.output(h)
-        v = len(self.output_mask)
-        if self.output.out_features == v:  # the whole (tied) projection, as trained and saved
+            return self.output(h)[..., :v]  # (B, T, V): the rows past V only pad the matmul (vocab_multiple)
+        if self.output.out_features == padded(v, self.cfg):  # the whole (tied) projection, as trained and saved
             if restricted:  # training: the K kept rows of the projection, a smaller matmul and softmax
                 return F.linear(h, self.output.weight[self.output_ids])  # (B, T, K)
-            return self.output(h).masked_fill(~self.output_mask, float("-inf"))  # (B, T, V)
+            return self.output(h)[..., :v].masked_fill(~self.output_mask, float("-inf"))  # (B, T, V)
         kept = self.output(h)  # a `prune_output` copy for decoding: the projection is the kept rows  # (B, T, K)
         if restricted:
             return kept
@@ -539,6 +539,11 @@ class Transformer(nn.Module):
             "decoder": out.self_attention,
             "cross": out.cross_attention,
         }
+
+
+def padded(vocab_size: int, cfg: ModelConfig) -> int:
+    """Rows of an embedding or output matrix for `vocab_size` ids: rounded up to a multiple of `vocab_multiple`."""
+    return -(-vocab_size // cfg.vocab_multiple) * cfg.vocab_multiple
 
 
 @torch.no_grad()

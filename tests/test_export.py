@@ -17,16 +17,23 @@ from nanomt.translate import Translator
 VARIANTS = {
     # Separate vocabularies and embeddings, pre-norm, relu, GNMT's length penalty (the defaults).
     "pre_norm": ({}, {}, {}),
-    # One vocabulary, shared and tied embeddings, post-norm, an output restricted to the training targets.
+    # One vocabulary, shared and tied embeddings, post-norm, an output restricted to the training targets; the
+    # 120 ids' matrices padded to 128 rows.
     "tied_post_norm": (
         {"shared_vocab": True},
-        {"share_embeddings": True, "tie_output": True, "norm_first": False, "restrict_output": True},
+        {
+            "share_embeddings": True,
+            "tie_output": True,
+            "norm_first": False,
+            "restrict_output": True,
+            "vocab_multiple": 16,
+        },
         {"length_penalty_kind": "average", "min_len": 1},
     ),
-    # Marian's options: sines before cosines, an output bias; gelu, no length penalty.
+    # Marian's options: sines before cosines, an output bias; gelu, no length penalty; padded matrices.
     "halves_bias": (
         {},
-        {"sinusoidal_layout": "halves", "output_bias": True, "activation": "gelu"},
+        {"sinusoidal_layout": "halves", "output_bias": True, "activation": "gelu", "vocab_multiple": 16},
         {"length_penalty_kind": "none"},
     ),
 }

@@ -840,7 +840,72 @@ def test_pruned_copy_projects_onto_the_kept_rows_only_and_scores_as_the_model_do
     assert prune_output(unrestricted) is unrestricted
 
 
+def test_pruned_copy_decodes_as_the_model_does():
+    """Greedy and beam search over the pruned copy's K scores: the model's tokens, scores and log-probs."""
+    restricted, _ = tied_pair(seed=3)  # a seed whose greedy output for the last sentence is EOS at once
+    restricted.set_output_vocab(KEPT)
+    pruned = prune_output(restricted)
+    src = random_src([6, 4, 7, 2], seed=3, vocab=TIED_VOCAB)
+    for min_len in (0, 4):  # 4: EOS blocked for 4 steps, at its position among the kept ids
+        got, ref = greedy(pruned, src, 10, min_len), greedy(restricted, src, 10, min_len)
+        assert got == ref and min(map(len, got)) == (0 if min_len == 0 else 10)
+        for kind in ("gnmt", "none"):
+            got = beam_search(pruned, src, 3, 10, min_len, length_penalty_kind=kind, n_best=3)
+            ref = beam_search(restricted, src, 3, 10, min_len, length_penalty_kind=kind, n_best=3)
+            assert [[h.tokens for h in hs] for hs in got] == [[h.tokens for h in hs] for hs in ref]
+            for g, r in zip(sum(got, []), sum(ref, [])):
+                assert math.isclose(g.score, r.score, rel_tol=1e-5)
+                assert math.isclose(g.log_prob, r.log_prob, rel_tol=1e-5)
+
+
 def test_set_output_vocab_needs_a_restricted_model():
     _, full = tied_pair()
     with pytest.raises(ValueError, match="restrict_output"):
         full.set_output_vocab(KEPT)
+
+
+# vocab_multiple: embedding and output matrices padded with rows that are never scored.
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},  # separate embeddings, untied output
+        {"share_embeddings": True, "tie_output": True, "output_bias": True},
+        {"share_embeddings": True, "tie_output": True, "restrict_output": True},
+    ],
+)
+def test_padded_vocabulary_scores_as_the_unpadded_model(overrides):
+    """V=13 padded to 16 rows: logits (B, T, 13), loss and gradients of the same model without the padding rows."""
+    src_v = tgt_v = 13
+    plain = Transformer(tiny_cfg(src_vocab_size=src_v, tgt_vocab_size=tgt_v, **overrides))
+    pad = Transformer(dataclasses.replace(plain.cfg, vocab_multiple=8))
+    assert pad.src_embed.tokens.weight.shape[0] == pad.output.weight.shape[0] == 16
+    with torch.no_grad():
+        for name, p in pad.named_parameters():
+            q = plain.get_parameter(name)
+            p.normal_()  # the padding rows hold noise: it must not reach any output
+            p[tuple(slice(0, n) for n in q.shape)] = q
+    if plain.cfg.restrict_output:
+        plain.set_output_vocab(torch.tensor([3, 5, 7, 11]))
+        pad.set_output_vocab(torch.tensor([3, 5, 7, 11]))
+    src, tgt = random_src([5, 3], vocab=src_v), random_src([4, 6], seed=1, vocab=tgt_v)
+    for restricted in (False, True) if plain.cfg.restrict_output else (False,):
+        ref, out = plain(src, tgt, restricted=restricted), pad(src, tgt, restricted=restricted)
+        assert out.shape == ref.shape
+        assert torch.equal(torch.isneginf(out), torch.isneginf(ref))
+        close(out[torch.isfinite(ref)], ref[torch.isfinite(ref)])
+    loss = {}
+    for name, m in (("plain", plain), ("pad", pad)):
+        m.zero_grad()
+        restricted = m.cfg.restrict_output
+        logits = m(src, tgt, restricted=restricted)
+        loss[name] = label_smoothed_loss(logits, m.output_targets(tgt), 0.1, PAD_ID)
+        loss[name].backward()
+    close(loss["pad"], loss["plain"])
+    for name, p in plain.named_parameters():
+        g = pad.get_parameter(name).grad
+        close(g[tuple(slice(0, n) for n in p.shape)], p.grad)
+    assert greedy(pad, src, max_len=8) == greedy(plain, src, max_len=8)
+    beams = [[h.tokens for h in hyps] for hyps in beam_search(pad, src, 3, max_len=8, n_best=3)]
+    assert beams == [[h.tokens for h in hyps] for hyps in beam_search(plain, src, 3, max_len=8, n_best=3)]

@@ -172,9 +172,11 @@ def build_spec(model: dict, w: dict, src_vocab: list[str], tgt_vocab: list[str])
         pre_norm=pre_norm,
         activation=activations[model["activation"]],
     )
-    src_embed = w["src_embed.tokens.weight"]
-    tgt_embed = src_embed if model["share_embeddings"] else w["tgt_embed.tokens.weight"]
-    output = tgt_embed if model["tie_output"] else w["output.weight"]
+    # Rows past the vocabulary only pad the matrices (vocab_multiple): CTranslate2 gets one row per id.
+    src_v, tgt_v = model["src_vocab_size"], model["tgt_vocab_size"]
+    src_embed = w["src_embed.tokens.weight"][:src_v]
+    tgt_embed = src_embed if model["share_embeddings"] else w["tgt_embed.tokens.weight"][:tgt_v]
+    output = tgt_embed if model["tie_output"] else w["output.weight"][:tgt_v]
 
     def positions(side: str) -> np.ndarray:
         if model["positional"] == "learned":
@@ -187,7 +189,7 @@ def build_spec(model: dict, w: dict, src_vocab: list[str], tgt_vocab: list[str])
     spec.decoder.embeddings.weight = tgt_embed
     spec.decoder.position_encodings.encodings = positions("tgt")
     spec.decoder.projection.weight = output
-    bias = w["output.bias"] if model["output_bias"] else None
+    bias = w["output.bias"][:tgt_v] if model["output_bias"] else None
     if model["restrict_output"]:
         # The ids the model does not score get -inf logits, as nanomt's `Transformer.logits` gives them.
         bias = np.where(w["output_mask"].astype(bool), 0.0, -np.inf).astype(np.float32)

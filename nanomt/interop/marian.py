@@ -148,6 +148,7 @@ def model_config(hf: dict) -> ModelConfig:
             output_bias=True,
             bos_id=hf["decoder_start_token_id"],
             eos_id=hf["eos_token_id"],
+            vocab_multiple=8,  # opus-mt's 58,101 ids: matrices of 58,104 rows fit a GPU's tensor cores
         )
     except (ValueError, TypeError) as e:
         raise MarianImportError(f"config.json: {e}") from None
@@ -285,16 +286,19 @@ def load_marian_weights(model: Transformer, state: dict[str, torch.Tensor]) -> N
         if missing:
             raise MarianImportError(f"weights: no {missing[0]}")
         tensor = torch.cat([state[n] for n in theirs]) if len(theirs) > 1 else state[theirs[0]]
-        if tensor.shape != own[ours].shape:
+        shape = _unpadded(ours, own[ours].shape, cfg)
+        if tensor.shape != shape:
             raise MarianImportError(
-                f"weights: {theirs[0]} has shape {tuple(tensor.shape)}, config.json implies {tuple(own[ours].shape)}"
+                f"weights: {theirs[0]} has shape {tuple(tensor.shape)}, config.json implies {tuple(shape)}"
             )
-        own[ours].copy_(tensor)
+        own[ours].zero_()  # the rows past the vocabulary (vocab_multiple) are never scored: zeros, not noise
+        own[ours][: shape[0]].copy_(tensor)
         used.update(theirs)
     bias = state.get("final_logits_bias", torch.zeros(1, cfg.tgt_vocab_size))  # absent: zeros, as Marian starts
     if bias.shape != (1, cfg.tgt_vocab_size):
         raise MarianImportError(f"weights: final_logits_bias has shape {tuple(bias.shape)}")
-    own["output.bias"].copy_(bias[0])
+    own["output.bias"].zero_()
+    own["output.bias"][: cfg.tgt_vocab_size].copy_(bias[0])
     for side in ("encoder", "decoder"):
         table = state.get(f"{side}.embed_positions.weight")
         if table is not None and not _is_marian_table(table, cfg):
@@ -303,6 +307,15 @@ def load_marian_weights(model: Transformer, state: dict[str, torch.Tensor]) -> N
     left = sorted(set(state) - used - ignored)
     if left:
         raise MarianImportError(f"weights: {left[0]} has no place in the model ({len(left)} unused tensors)")
+
+
+def _unpadded(name: str, shape: torch.Size, cfg: ModelConfig) -> torch.Size:
+    """A nanomt tensor's shape without the rows that pad its vocabulary to `vocab_multiple`."""
+    if name == "src_embed.tokens.weight":
+        return torch.Size((cfg.src_vocab_size, *shape[1:]))
+    if name in ("tgt_embed.tokens.weight", "output.weight"):
+        return torch.Size((cfg.tgt_vocab_size, *shape[1:]))
+    return shape
 
 
 def _is_marian_table(table: torch.Tensor, cfg: ModelConfig) -> bool:
