@@ -1,7 +1,7 @@
 """An opus-mt-shaped Marian model in nanomt, in transformers and in CTranslate2: logits, translations, sentences/s.
 
     python -m benchmarks.opus_mt                          # -> benchmarks/results/opus_mt.json (~10 minutes)
-    python -m benchmarks.opus_mt --sentences 16 --reps 1 --out /tmp/opus_mt_smoke.json
+    python -m benchmarks.opus_mt --sentences 16 --reps 1 --out runs/opus_mt_smoke.json
 
 The model: a MarianMTModel of Helsinki-NLP/opus-mt-de-en's shape (d_model 512, 6+6 post-norm layers, 8 heads,
 d_ff 2048, swish, 58,101 ids shared by both sides and tied to the output, final_logits_bias, sinusoidal positions),
@@ -132,22 +132,16 @@ def build_marian(out: Path, data: Path, seed: int) -> None:
     model.save_pretrained(out)
 
 
-def largest_logit_difference(hf_dir: Path, run: Path, sources: list[str]) -> dict:
+def largest_logit_difference(hf, tok, translator: Translator, sources: list[str]) -> dict:
     """The largest difference of nanomt's and transformers' teacher-forced logits on a padded batch of 16."""
-    from nanomt.checkpoint import load_checkpoint
-
-    hf = transformers.MarianMTModel.from_pretrained(hf_dir).eval()
-    tok = transformers.MarianTokenizer.from_pretrained(hf_dir)
-    ours, cfg, _ = load_checkpoint(run)
+    ours, m = translator.model, translator.cfg.model
     batch = tok(sources[:16], text_target=sources[16:32], return_tensors="pt", padding=True)
-    decoder_in = transformers.models.marian.modeling_marian.shift_tokens_right(
-        batch.labels, cfg.model.pad_id, cfg.model.bos_id
-    )
+    decoder_in = transformers.models.marian.modeling_marian.shift_tokens_right(batch.labels, m.pad_id, m.bos_id)
     with torch.no_grad():
         ref = hf(input_ids=batch.input_ids, attention_mask=batch.attention_mask, decoder_input_ids=decoder_in).logits
         got = ours(batch.input_ids, decoder_in)
     # EOS's logit is biased by -1e4 (EOS_BIAS), where float32 keeps ~1e-3: compared on its own, relative.
-    eos = cfg.model.eos_id
+    eos = m.eos_id
     others = torch.ones(got.size(-1), dtype=torch.bool)
     others[eos] = False
     return {
@@ -216,9 +210,6 @@ def main() -> None:
         build_marian(hf_dir, args.data, args.seed)
     import_marian(hf_dir, run)  # the run directory is rebuilt each time: the import is part of what is tested
     build_s = time.perf_counter() - t0
-    logits = largest_logit_difference(hf_dir, run, (args.data / "val.de").read_text().splitlines())
-    print(f"largest logit difference: {logits['max_abs']:.2e}", flush=True)
-
     hf = transformers.MarianMTModel.from_pretrained(hf_dir).eval()
     tokenizer = transformers.MarianTokenizer.from_pretrained(hf_dir)
     hf_int8 = quantize_int8(hf)  # the same dynamic int8 Linear layers as nanomt's --int8
@@ -226,6 +217,9 @@ def main() -> None:
         "nanomt_fp32": Translator.from_checkpoint(run),
         "nanomt_int8": Translator.from_checkpoint(run, int8=True),
     }
+    val = (args.data / "val.de").read_text(encoding="utf-8").splitlines()
+    logits = largest_logit_difference(hf, tokenizer, engines["nanomt_fp32"], val)
+    print(f"largest logit difference: {logits['max_abs']:.2e}", flush=True)
     outputs: dict[str, list[str]] = {}
     contenders = []
     for mode, beam in MODES.items():

@@ -107,8 +107,7 @@ class _Space(NamedTuple):
 def _space(model: Transformer, bos_id: int, eos_id: int, kept_only: bool = True) -> _Space:
     """Where decoding picks: a `prune_output` copy's K scores (kept_only), else all V ids."""
     banned = sorted({model.cfg.pad_id, bos_id} - {eos_id})
-    mask = getattr(model, "output_mask", None)  # an Ensemble has none
-    if not kept_only or mask is None or model.output.out_features != len(model.output_ids) or bool(mask.all()):
+    if not (kept_only and getattr(model, "pruned", False)):  # an Ensemble scores all ids
         return _Space(None, banned, eos_id)
     # A log_softmax and top-k over the K scores the pruned projection computes, rather than over V with -inf at
     # the others: no (R, V) row to fill and scatter into at every step, and the same log-probs (-inf adds 0).

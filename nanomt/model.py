@@ -448,6 +448,11 @@ class Transformer(nn.Module):
         self.output_mask.copy_(mask)
         _derive_output_vocab(self)
 
+    @property
+    def pruned(self) -> bool:
+        """Whether the output projection holds only the kept rows (a `prune_output` copy for decoding)."""
+        return self.output_mask is not None and self.output.out_features != padded(self.cfg.tgt_vocab_size, self.cfg)
+
     def output_targets(self, tgt: Tensor) -> Tensor:
         """Target ids -> their positions in `logits(..., restricted=True)`; unscored ids become padding."""
         return tgt if self.output_mask is None else self.output_index[tgt]
@@ -457,7 +462,7 @@ class Transformer(nn.Module):
         v = self.cfg.tgt_vocab_size
         if self.output_mask is None:
             return self.output(h)[..., :v]  # (B, T, V): the rows past V only pad the matmul (vocab_multiple)
-        if self.output.out_features == padded(v, self.cfg):  # the whole (tied) projection, as trained and saved
+        if not self.pruned:  # the whole (tied) projection, as trained and saved
             if restricted:  # training: the K kept rows of the projection, a smaller matmul and softmax
                 return F.linear(h, self.output.weight[self.output_ids])  # (B, T, K)
             return self.output(h)[..., :v].masked_fill(~self.output_mask, float("-inf"))  # (B, T, V)
