@@ -18,6 +18,16 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 NANOMT = [sys.executable, "-m", "nanomt.cli"]
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `cuda` are skipped, with the reason, where PyTorch sees no CUDA GPU."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (scripts/gpu_check.sh runs these where one is lent)")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
 def random_transformer(seed: int, vocab: int, d_model: int = 32, layers: int = 2, max_positions: int = 64):
     """A tiny random model in eval mode, for decoding tests."""
     cfg = ModelConfig(

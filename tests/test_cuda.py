@@ -1,0 +1,121 @@
+"""On a CUDA GPU: bf16 and fp16 training steps, an fp16 run resumed bit-exact with its loss scaler, decoding equal
+to the CPU's in float32, and train.compile. Marked `cuda`: skipped without a GPU (scripts/gpu_check.sh runs them)."""
+
+import json
+import math
+import os
+import signal
+
+import pytest
+import torch
+from conftest import random_src, random_transformer, tiny_config
+
+from nanomt import train as train_module
+from nanomt.checkpoint import WEIGHTS, load_trainer_state, read_weights, step_dirs
+from nanomt.config import config_from_dict
+from nanomt.decode import beam_search, greedy
+from nanomt.synthetic import write_corpus
+from nanomt.train import lr_at, train
+
+pytestmark = pytest.mark.cuda
+# cuBLAS picks a reduction order per workspace; a fixed workspace makes its products repeatable (PyTorch's
+# reproducibility notes). Read when cuBLAS starts, so set before any test touches the GPU.
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+FP16_INITIAL_SCALE = 2.0**16  # torch.amp.GradScaler's
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return write_corpus(tmp_path_factory.mktemp("cuda"), pairs=400, seed=0, valid=20, test=1)
+
+
+@pytest.fixture
+def deterministic():
+    """Kernels that give the same bits every call (the attention backward and cuBLAS included), or an error."""
+    torch.use_deterministic_algorithms(True)
+    yield
+    torch.use_deterministic_algorithms(False)
+
+
+def cuda_config(corpus, **train) -> dict:
+    return tiny_config(corpus, device="cuda", **train)
+
+
+def losses(run_dir) -> list[float]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in rows if "loss" in r]
+
+
+def assert_equal_weights(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    different = [name for name in a if not torch.equal(a[name], b[name])]
+    assert not different, f"{len(different)} tensors differ, e.g. {different[:3]}"
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_a_half_precision_run_on_cuda_learns(corpus, tmp_path, precision):
+    run = train(config_from_dict(cuda_config(corpus, precision=precision, max_steps=60, log_every=10)), tmp_path)
+    seen = losses(run)
+    assert all(math.isfinite(x) for x in seen) and seen[-1] < 0.7 * seen[0], seen
+    weights = read_weights(run / WEIGHTS)
+    assert all(t.dtype == torch.float32 and torch.isfinite(t).all() for t in weights.values())
+
+
+def test_an_fp16_run_resumed_after_ctrl_c_ends_on_the_same_bits(corpus, tmp_path, monkeypatch, deterministic):
+    """The loss scaler's scale and growth count, the CUDA RNG (dropout) and the optimizer come back with the run."""
+    cfg = cuda_config(corpus, precision="fp16", max_steps=12, log_every=1, eval_every=6, save_every=5, keep_last=10)
+    cfg = config_from_dict(cfg)
+    whole = train(cfg, tmp_path / "whole")
+    again = train(cfg, tmp_path / "again")
+    assert_equal_weights(read_weights(again / WEIGHTS), read_weights(whole / WEIGHTS))  # else nothing can be exact
+    scaler = load_trainer_state(step_dirs(whole)[0][1])["scaler"]
+    assert scaler["scale"] < FP16_INITIAL_SCALE, "no step overflowed: the test would not see a lost scaler"
+
+    def lr_at_with_ctrl_c(step, *args, **kwargs):
+        if step == 8 and not interrupted:
+            interrupted.append(step)
+            signal.raise_signal(signal.SIGINT)
+        return lr_at(step, *args, **kwargs)
+
+    interrupted = []
+    monkeypatch.setattr(train_module, "lr_at", lr_at_with_ctrl_c)
+    run = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, run)
+    assert [s for s, _ in step_dirs(run)] == [5, 8]
+    train(cfg, run)
+    assert load_trainer_state(step_dirs(run)[-1][1])["scaler"] == load_trainer_state(step_dirs(whole)[-1][1])["scaler"]
+    assert_equal_weights(read_weights(run / WEIGHTS), read_weights(whole / WEIGHTS))
+    assert losses(run) == losses(whole)
+
+
+@pytest.fixture
+def no_tf32():
+    """float32 matrix products in float32, not TF32's 10-bit mantissas (PyTorch's default for matmul, not cuDNN)."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def test_decoding_on_cuda_gives_the_cpus_tokens_in_float32(no_tf32):
+    """Greedy and beam search of a padded batch: the same tokens and (to float rounding) scores on both devices."""
+    model = random_transformer(seed=3, vocab=60, layers=2)
+    src = random_src([5, 11, 2, 8, 16, 7], seed=1, vocab=60)
+    cpu = (greedy(model, src, 24), beam_search(model, src, 4, 24, n_best=2))
+    model, src = model.to("cuda"), src.to("cuda")
+    gpu = (greedy(model, src, 24), beam_search(model, src, 4, 24, n_best=2))
+    assert gpu[0] == cpu[0]
+    assert [[h.tokens for h in s] for s in gpu[1]] == [[h.tokens for h in s] for s in cpu[1]]
+    for sentence_gpu, sentence_cpu in zip(gpu[1], cpu[1]):
+        assert [h.score for h in sentence_gpu] == pytest.approx([h.score for h in sentence_cpu], abs=1e-4)
+
+
+def test_train_compile_on_cuda_follows_the_eager_run(corpus, tmp_path):
+    """torch.compile's step on a GPU (Triton kernels): the eager run's losses, to float rounding."""
+    cfg = cuda_config(corpus, precision="fp32", max_steps=20, log_every=2, eval_every=20, save_every=20)
+    cfg["model"]["dropout"] = 0.0  # compiled dropout draws its masks otherwise
+    eager = train(config_from_dict(cfg), tmp_path / "eager")
+    cfg["train"]["compile"] = True
+    compiled = train(config_from_dict(cfg), tmp_path / "compiled")
+    assert losses(compiled) == pytest.approx(losses(eager), rel=2e-3)
