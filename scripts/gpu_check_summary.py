@@ -1,10 +1,11 @@
 """The figures of one scripts/gpu_check.sh run, gathered from its results directory into gpu_check.json.
 
-    python -m scripts.gpu_check_summary RESULTS_DIR [--minutes N] [--failed STEP ...] [--seconds STEP=S ...]
+    python -m scripts.gpu_check_summary RESULTS_DIR [--test2016 JSON] [--minutes N] [--failed STEP ...]
+        [--seconds STEP=S ...]
 
-Reads what the script's steps wrote there (cuda_tests.xml, gpu_step.json, multi30k_metrics.jsonl,
-multi30k_test2016.json, gpu_decode.json); a missing file is reported as missing, not guessed. Names the commit, the
-device and the date; no path in it is absolute.
+Reads what the script's steps wrote there (cuda_tests.xml, gpu_step.json, multi30k_metrics.jsonl, gpu_decode.json)
+and `nanomt evaluate --json`'s report of test2016 (--test2016); a missing file is reported as missing, not guessed.
+Names the commit, the device and the date; no path in it is absolute.
 """
 
 from __future__ import annotations
@@ -55,7 +56,9 @@ def training(metrics: Path, test: dict | None, minutes: float) -> dict | None:
         "steps": max((r["step"] for r in rows), default=0),
         "tokens_per_s_median": round(statistics.median(r["tokens_per_s"] for r in logged), 1) if logged else None,
         "valid_bleu_greedy": [(r["step"], r["valid_bleu"]) for r in evals],
-        "test2016": {k: test[k] for k in ("bleu", "bleu_signature", "sentences_per_s")} if test else None,
+        "test2016": {k: test[k] for k in ("beam_size", "bleu", "chrf", "bleu_signature", "sentences_per_s")}
+        if test
+        else None,
     }
 
 
@@ -86,6 +89,7 @@ def decoding(report: dict | None) -> dict | None:
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("results", type=Path)
+    p.add_argument("--test2016", type=Path, default=None, help="nanomt evaluate --json's report")
     p.add_argument("--minutes", type=float, default=None, help="the training's max_minutes")
     p.add_argument("--failed", nargs="*", default=[], help="the steps that failed")
     p.add_argument("--seconds", nargs="*", default=[], help="STEP=SECONDS, each step's wall time")
@@ -102,7 +106,9 @@ def main(argv: list[str] | None = None) -> dict:
         "seconds": {k: int(v) for k, v in (s.split("=", 1) for s in args.seconds)},
         "cuda_tests": tests(d / "cuda_tests.xml"),
         "gpu_step": gpu_step(step_report),
-        "multi30k": training(d / "multi30k_metrics.jsonl", read_json(d / "multi30k_test2016.json"), args.minutes),
+        "multi30k": training(
+            d / "multi30k_metrics.jsonl", read_json(args.test2016) if args.test2016 else None, args.minutes
+        ),
         "decoding": decoding(decode_report),
     }
     (d / "gpu_check.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -113,7 +113,7 @@ def test_decoding_on_cuda_gives_the_cpus_tokens_in_float32(no_tf32):
 
 def test_train_compile_on_cuda_follows_the_eager_run(corpus, tmp_path):
     """torch.compile's step on a GPU (Triton kernels): the eager run's losses, to float rounding."""
-    cfg = cuda_config(corpus, precision="fp32", max_steps=20, log_every=2, eval_every=20, save_every=20)
+    cfg = cuda_config(corpus, precision="fp32", max_steps=8, log_every=2, eval_every=8, save_every=8)
     cfg["model"]["dropout"] = 0.0  # compiled dropout draws its masks otherwise
     eager = train(config_from_dict(cfg), tmp_path / "eager")
     cfg["train"]["compile"] = True

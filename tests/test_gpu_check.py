@@ -20,7 +20,6 @@ RESULT_FILES = {
     "gpu_step.json",
     "multi30k_train.log",
     "multi30k_metrics.jsonl",
-    "multi30k_test2016.json",
     "gpu_decode.json",
     "gpu_check.json",
 }
@@ -47,7 +46,7 @@ def test_smoke_runs_every_step_on_a_cpu_and_sums_them_up(multi30k_named, tmp_pat
     res = gpu_check("--smoke", str(tmp_path / "results"), "--data", str(multi30k_named))
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     results = tmp_path / "results"
-    assert {p.name for p in results.iterdir()} == RESULT_FILES  # 7 files: a device run brings back at most 8
+    assert {p.name for p in results.iterdir()} == RESULT_FILES  # a device run brings back at most 8
     summary = json.loads((results / "gpu_check.json").read_text())
     assert summary["failed_steps"] == [] and set(summary["seconds"]) == {
         "cuda_tests",
@@ -66,13 +65,14 @@ def test_smoke_runs_every_step_on_a_cpu_and_sums_them_up(multi30k_named, tmp_pat
     assert [bleu for _, bleu in summary["multi30k"]["valid_bleu_greedy"]] == [
         r["valid_bleu"] for r in rows if "valid_bleu" in r
     ]
-    test2016 = json.loads((results / "multi30k_test2016.json").read_text())
-    assert summary["multi30k"]["test2016"]["bleu"] == test2016["bleu"] and test2016["sentences"] == 20
+    test2016 = summary["multi30k"]["test2016"]
+    assert test2016["beam_size"] == 5 and 0 <= test2016["bleu"] <= 100 and test2016["sentences_per_s"] > 0
     assert summary["gpu_step"]["nanomt"]["target_tokens_per_s"] > 0
     decoding = summary["decoding"]
     assert set(decoding) == {"fp32/greedy", "fp32/beam4"}
     assert all(row["sentences_identical_to_hf"] == "4/4" for row in decoding.values())  # same weights, fp32
     assert not [s for s in strings(summary) if os.path.isabs(s)]
+    assert str(tmp_path) not in (results / "multi30k_train.log").read_text()  # the run directory, relative
 
 
 def strings(obj) -> list[str]:
