@@ -158,7 +158,7 @@ def run_stage(stage: str, config: Path, run_dir: Path, seconds: float) -> dict:
         if stage == "loader":
             t1, n = time.perf_counter(), 0
             while n < len(ep.batches) and time.perf_counter() - t1 < seconds:
-                collate(ep.corpus, ep.batches[n])
+                collate(ep.corpus, ep.batches[n], cfg.model.special_ids)
                 n += 1
             out["batches"] = n
             out["batches_per_s"] = round(n / (time.perf_counter() - t1), 1)

@@ -19,13 +19,13 @@ import torch.distributed as dist
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from nanomt.config import Config, ConfigError, load_config, save_config
+from nanomt.config import RUN_CONFIG, RUN_TOKENIZER, Config, ConfigError, checkpoint_root, load_config, save_config
 from nanomt.model import Transformer
 from nanomt.tokenizer import Tokenizer
 
 WEIGHTS = "model.safetensors"
-CONFIG = "config.yaml"
-TOKENIZER = "tokenizer"
+CONFIG, TOKENIZER = RUN_CONFIG, RUN_TOKENIZER
+CHECKPOINTS = "checkpoints"  # a training run's step_N directories; `nanomt train` makes it first
 TRAINER_STATE = "trainer.pt"
 STEP_DIR = re.compile(r"^step_(\d+)$")
 # Metadata key of model.safetensors: the tokenizer the weights were trained with (absent in older files).
@@ -130,10 +130,10 @@ def find_run_files(path: str | Path) -> tuple[Path, Path]:
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"checkpoint directory not found: {path}")
-    for root in (path, path.parent.parent):
-        if (root / CONFIG).is_file() and (root / TOKENIZER).is_dir():
-            return root / CONFIG, root / TOKENIZER
-    raise CheckpointError(f"{path}: not a checkpoint (needs {CONFIG}, {TOKENIZER}/ and {WEIGHTS})")
+    root = checkpoint_root(path)
+    if root is None:
+        raise CheckpointError(f"{path}: not a checkpoint (needs {CONFIG}, {TOKENIZER}/ and {WEIGHTS})")
+    return root / CONFIG, root / TOKENIZER
 
 
 def checkpoint_weights(path: str | Path) -> Path:
@@ -166,6 +166,10 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> tup
             f"{path}: tokenizer vocabulary ({tokenizer.src_vocab_size}/{tokenizer.tgt_vocab_size}) does not match "
             f"the model ({cfg.model.src_vocab_size}/{cfg.model.tgt_vocab_size})"
         )
+    try:
+        tokenizer.check_model_ids(cfg.model)
+    except ValueError as e:
+        raise CheckpointError(f"{path}: {e}") from None
     # Equal sizes are not enough: another run's tokenizer of the same size turns the model's output into nonsense.
     stored, actual = weights_fingerprint(weights), tokenizer.fingerprint()
     if stored is not None and stored != actual:
@@ -191,7 +195,7 @@ def write_checkpoint_dir(out: str | Path, cfg: Config, tokenizer_dir: Path, stat
 
 def step_dirs(run_dir: str | Path) -> list[tuple[int, Path]]:
     """Complete checkpoints/step_N directories of a run, oldest first."""
-    root = Path(run_dir) / "checkpoints"
+    root = Path(run_dir) / CHECKPOINTS
     found = []
     if root.is_dir():
         for d in root.iterdir():
@@ -203,7 +207,7 @@ def step_dirs(run_dir: str | Path) -> list[tuple[int, Path]]:
 
 def save_training_checkpoint(run_dir: Path, step: int, model: Transformer, trainer_state: dict, keep_last: int) -> Path:
     """Write checkpoints/step_N under a temporary name, rename it into place, then prune old ones."""
-    root = run_dir / "checkpoints"
+    root = run_dir / CHECKPOINTS
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step}"
     tmp = root / f".tmp_step_{step}"

@@ -22,7 +22,8 @@ log = logging.getLogger("nanomt")
 def cmd_train(args: argparse.Namespace) -> None:
     from nanomt.train import train_from_file
 
-    run_dir = train_from_file(args.config, args.run_dir, args.set or [])
+    overrides = [*(args.set or []), *([f"train.init_from={args.init_from}"] if args.init_from else [])]
+    run_dir = train_from_file(args.config, args.run_dir, overrides)
     print(f"run directory: {run_dir}")
 
 
@@ -214,6 +215,10 @@ def cmd_export(args: argparse.Namespace) -> None:
             from nanomt.interop.ct2 import export_ct2
 
             out = export_ct2(args.run, args.out, quantization=args.quantization)
+        elif args.target == "marian":
+            from nanomt.interop.marian_export import export_marian
+
+            out = export_marian(args.run, args.out)  # several checkpoints (an ensemble) are refused there
         else:
             from nanomt.interop.onnx import export_onnx
 
@@ -299,6 +304,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("config", help="YAML config, e.g. configs/demo.yaml")
     s.add_argument("--run-dir", help="run directory (default runs/<config name>); re-running resumes")
     s.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override a config key")
+    s.add_argument(
+        "--init-from", metavar="CHECKPOINT", help="start from this checkpoint's model and weights (train.init_from)"
+    )
     s.set_defaults(func=cmd_train)
 
     s = sub.add_parser(
@@ -407,7 +415,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--out", required=True, help="the run directory to write")
     s.set_defaults(func=cmd_import)
 
-    s = sub.add_parser("export", help="a nanomt checkpoint for another runtime (CTranslate2, ONNX)")
+    s = sub.add_parser("export", help="a nanomt checkpoint for another runtime (CTranslate2, ONNX, Hugging Face)")
     export_sub = s.add_subparsers(dest="target", required=True, metavar="TARGET")
     e = export_sub.add_parser("ct2", help="a CTranslate2 model directory (plus tokenizer/ and nanomt.yaml)")
     e.add_argument("run", help=CHECKPOINT_HELP)
@@ -420,6 +428,9 @@ def build_parser() -> argparse.ArgumentParser:
     e = export_sub.add_parser("onnx", help="encoder.onnx and decoder_step.onnx (key/value cache in and out)")
     e.add_argument("run", help=CHECKPOINT_HELP)
     e.add_argument("--out", required=True, help="the directory to write")
+    e = export_sub.add_parser("marian", help="a Hugging Face Marian directory (MarianMTModel, MarianTokenizer)")
+    e.add_argument("run", nargs="+", metavar="RUN", help=f"{CHECKPOINT_HELP}; one (several, an ensemble, are refused)")
+    e.add_argument("--out", required=True, help="the directory to write (new or empty)")
     s.set_defaults(func=cmd_export)
 
     s = sub.add_parser("demo", help="train on the toy language pair and show translations and attention")

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import yaml
 
@@ -17,14 +18,29 @@ POSITIONALS = ("sinusoidal", "learned")
 SINUSOIDAL_LAYOUTS = ("interleaved", "halves")
 # Scores of a finished hypothesis (nanomt.decode): GNMT's ((5 + len) / 6)^alpha, len^alpha, or the sum alone.
 LENGTH_PENALTIES = ("gnmt", "average", "none")
-# Special token ids, the same in every vocabulary nanomt makes (the tokenizer reserves them).
+# Special token ids of the vocabularies nanomt trains (its SentencePiece models reserve them). A model's own ids
+# are its ModelConfig's (an imported Marian model has others): everything that builds batches or scores reads those.
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 # Keys of older nanomt versions, accepted at the value that made them do nothing (older run directories load).
 REMOVED_KEYS = {"train": {"dropout_start": None, "dropout_ramp": 0.5}}
+# A checkpoint directory holds its config file and tokenizer directory, or its run does (above checkpoints/step_N).
+RUN_CONFIG, RUN_TOKENIZER = "config.yaml", "tokenizer"
+# What a run started from another's weights (train.init_from) may set in `model`: dropout changes training alone.
+FINE_TUNABLE = ("dropout", "attention_dropout", "activation_dropout")
+# The data keys that made the tokenizer: with train.init_from, the tokenizer is the other run's.
+TOKENIZER_KEYS = ("tokenizer", "vocab_size", "shared_vocab", "character_coverage", "tokenizer_sentences")
 
 
 class ConfigError(ValueError):
     """A config file or override that does not fit the schema."""
+
+
+class SpecialIds(NamedTuple):
+    """A model's padding, decoder-start and end-of-sentence ids, as batches are built with them."""
+
+    pad: int
+    bos: int
+    eos: int
 
 
 @dataclass(frozen=True)
@@ -115,6 +131,10 @@ class ModelConfig:
             # The restricted output projects onto the kept rows of the weight alone.
             raise ValueError("output_bias needs restrict_output: false")
 
+    @property
+    def special_ids(self) -> SpecialIds:
+        return SpecialIds(self.pad_id, self.bos_id, self.eos_id)
+
 
 @dataclass(frozen=True)
 class SplitConfig:
@@ -123,6 +143,19 @@ class SplitConfig:
     src: str | None = None
     tgt: str | None = None
     tsv: str | None = None
+
+
+@dataclass(frozen=True)
+class CorpusConfig(SplitConfig):
+    """One of several training corpora (data.train as a list), with its share of every epoch."""
+
+    # Relative: an epoch holds as many pairs as all the corpora, corpus i's share of them w_i / sum(w). A small
+    # in-domain corpus with the weight of a large generic one is seen several times an epoch, the other in part.
+    weight: float = 1.0
+
+    def __post_init__(self):
+        if not (self.weight > 0 and math.isfinite(self.weight)):
+            raise ValueError(f"weight must be a positive number, got {self.weight}")
 
 
 @dataclass(frozen=True)
@@ -145,7 +178,8 @@ class HFDataConfig:
 class DataConfig:
     """Where the corpus is and how it is tokenized and filtered."""
 
-    train: SplitConfig = field(default_factory=SplitConfig)
+    # One corpus, or a list of corpora mixed by weight (CorpusConfig), e.g. generic and in-domain data.
+    train: SplitConfig | tuple[CorpusConfig, ...] = field(default_factory=SplitConfig)
     valid: SplitConfig = field(default_factory=SplitConfig)
     test: SplitConfig = field(default_factory=SplitConfig)
     hf: HFDataConfig | None = None
@@ -163,6 +197,10 @@ class DataConfig:
     bpe_dropout: float = 0.0
 
     def __post_init__(self):
+        if isinstance(self.train, tuple) and not self.train:
+            raise ValueError("train: an empty list of corpora")
+        if isinstance(self.train, tuple) and self.hf is not None:
+            raise ValueError("train as a list of corpora needs files, not hf")
         if not 0.0 <= self.bpe_dropout < 1.0:
             raise ValueError(f"bpe_dropout must be in [0, 1), got {self.bpe_dropout}")
         if self.tokenizer_sentences <= 100:  # SentencePiece's own lower bound on its sample
@@ -186,7 +224,8 @@ class TrainConfig:
     # "noam": the paper's d_model^-0.5 * min(step^-0.5, step*warmup^-1.5), scaled by `lr`;
     # "linear": linear warmup to `lr`, then linear decay to 0 at max_steps, or when max_minutes runs out if
     # that comes first (for a fixed budget; with max_minutes the lr follows the clock, so resumes are not exact).
-    schedule: Literal["inverse_sqrt", "noam", "linear"] = "inverse_sqrt"
+    # "constant": linear warmup to `lr`, then `lr` (transformers' constant_with_warmup; for fine-tuning).
+    schedule: Literal["inverse_sqrt", "noam", "linear", "constant"] = "inverse_sqrt"
     betas: tuple[float, float] = (0.9, 0.98)
     eps: float = 1e-9
     weight_decay: float = 0.0
@@ -209,6 +248,10 @@ class TrainConfig:
     # torch.compile the model for the training step (dynamic shapes): fuses a GPU's many small kernels. Off by
     # default: on a 2-core CPU the compiled step was slower than eager (docs/experiments.md).
     compile: bool = False
+    # A checkpoint directory (a run, checkpoints/step_N, an averaged or imported model) whose architecture,
+    # tokenizer, special ids and weights this run starts from, with its own optimizer, schedule and steps. Its
+    # `model` section may be left out; a key set there must match, except dropout (FINE_TUNABLE).
+    init_from: str | None = None
     # Bidirectional training (Ding et al., 2021, "BiT"): the first `bidirectional_epochs` epochs train on every
     # pair in both directions (src->tgt and tgt->src, twice the sentences an epoch), the rest on src->tgt only.
     # Needs data.shared_vocab, so that both sides' ids mean the same in the encoder and the decoder.
@@ -273,7 +316,9 @@ def _check_value(value: Any, tp: Any, where: str) -> Any:
         if value is None and type(None) in args:
             return None
         errors = []
-        for arg in (a for a in args if a is not type(None)):
+        # A list is read as the list type of the union, a mapping as its other types: errors name the one meant.
+        kinds = [a for a in args if a is not type(None) and (typing.get_origin(a) is tuple) == isinstance(value, list)]
+        for arg in kinds or [a for a in args if a is not type(None)]:
             try:
                 return _check_value(value, arg, where)
             except ConfigError as e:
@@ -283,6 +328,10 @@ def _check_value(value: Any, tp: Any, where: str) -> Any:
         if value not in args:
             raise ConfigError(f"{where} must be one of {list(args)}, got {value!r}")
         return value
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{where} must be a list, got {value!r}")
+        return tuple(_check_value(v, args[0], f"{where}[{i}]") for i, v in enumerate(value))
     if origin is tuple:
         if not isinstance(value, list | tuple) or len(value) != len(args):
             raise ConfigError(f"{where} must be a list of {len(args)} values, got {value!r}")
@@ -375,14 +424,56 @@ def config_from_dict(raw: dict, overrides: list[str] | tuple[str, ...] = ()) -> 
                 raise ConfigError(f"override {item!r}: {part!r} is not a section")
             node = child
         node[path[-1]] = value
+    init_from = (raw.get("train") or {}).get("init_from")
+    if init_from:
+        raw = _from_checkpoint(raw, init_from)
     raw.setdefault("model", {})
     model = raw["model"]
-    if isinstance(model, dict):
+    if isinstance(model, dict) and not init_from:
         # Vocabulary sizes come from the tokenizer; until it exists, data.vocab_size stands in.
         vocab = (raw.get("data") or {}).get("vocab_size", DataConfig.vocab_size)
         model.setdefault("src_vocab_size", vocab)
         model.setdefault("tgt_vocab_size", vocab)
     return _build(Config, raw, "")
+
+
+def checkpoint_root(path: str | Path) -> Path | None:
+    """The directory with a checkpoint's config and tokenizer: `path`, or its run above checkpoints/step_N."""
+    path = Path(path)
+    for root in (path, path.parent.parent):
+        if (root / RUN_CONFIG).is_file() and (root / RUN_TOKENIZER).is_dir():
+            return root
+    return None
+
+
+def _from_checkpoint(raw: dict, init_from: Any) -> dict:
+    """`raw` with the model and tokenizer settings of checkpoint `init_from`; a key contradicting them is an error."""
+    where = f"train.init_from {init_from}"
+    root = checkpoint_root(init_from) if isinstance(init_from, str) else None
+    if root is None:
+        raise ConfigError(f"{where}: not a checkpoint directory (needs {RUN_CONFIG} and {RUN_TOKENIZER}/)")
+    try:
+        base = load_config(root / RUN_CONFIG)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    out = dict(raw)
+    for section, free in (("model", FINE_TUNABLE), ("data", ())):
+        given = raw.get(section) or {}
+        if not isinstance(given, dict):
+            raise ConfigError(f"{section} must be a mapping, got {given!r}")
+        theirs = getattr(base, section)
+        hints = typing.get_type_hints(type(theirs))
+        keys = [f.name for f in dataclasses.fields(theirs)] if section == "model" else TOKENIZER_KEYS
+        for key in keys:
+            if key in given and key not in free and key in hints:
+                value = _check_value(given[key], hints[key], f"{section}.{key}")
+                if value != getattr(theirs, key):
+                    raise ConfigError(
+                        f"{section}.{key}: {given[key]!r} contradicts {where} ({getattr(theirs, key)!r}); "
+                        "leave it out or match it"
+                    )
+        out[section] = {**given, **{k: to_dict(getattr(theirs, k)) for k in keys if k not in free or k not in given}}
+    return out
 
 
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:

@@ -19,8 +19,8 @@ from typing import BinaryIO
 import numpy as np
 import torch
 
-from .config import DataConfig, HFDataConfig, SplitConfig
-from .tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, set_sampling_seed
+from .config import DataConfig, HFDataConfig, SpecialIds, SplitConfig
+from .tokenizer import Tokenizer, set_sampling_seed
 
 log = logging.getLogger("nanomt")
 
@@ -100,6 +100,20 @@ def check_split(split: SplitConfig, name: str) -> None:
     n_tgt = sum(1 for _ in _lines(files["tgt"]))
     if n_src != n_tgt:
         raise _mismatch(files["src"], n_src, files["tgt"], n_tgt)
+
+
+def corpora(cfg: DataConfig, name: str) -> list[tuple[str, SplitConfig]]:
+    """The corpora of split `name`, each with the name errors give it: train[i] where data.train is a list."""
+    split = getattr(cfg, name)
+    if isinstance(split, tuple):
+        return [(f"{name}[{i}]", s) for i, s in enumerate(split)]
+    return [(name, split)]
+
+
+def check_files(cfg: DataConfig, name: str) -> None:
+    """check_split of every corpus of split `name`."""
+    for where, split in corpora(cfg, name):
+        check_split(split, where)
 
 
 def read_pairs(split: SplitConfig, name: str) -> Iterator[tuple[str, str]]:
@@ -201,7 +215,7 @@ def split_pairs(cfg: DataConfig, name: str) -> Iterator[tuple[str, str]]:
         raise ValueError(f"split must be one of {SPLITS}, got {name!r}")
     if cfg.hf is not None:
         return hf_pairs(cfg.hf, _hf_split(cfg.hf, name))
-    return read_pairs(getattr(cfg, name), name)
+    return itertools.chain.from_iterable(read_pairs(split, where) for where, split in corpora(cfg, name))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -220,6 +234,7 @@ class Corpus:
     tgt_tokens: np.ndarray
     tgt_offsets: np.ndarray  # int64, len n + 1
     stats: dict
+    sizes: list[int] | None = None  # pairs of each corpus of data.train as a list, in order; None: one corpus
 
     def __len__(self) -> int:
         return len(self.src_offsets) - 1
@@ -276,13 +291,54 @@ def _present_ids(tokens: np.ndarray) -> np.ndarray:
     return np.flatnonzero(seen)
 
 
-def output_ids(corpus: Corpus | BothDirections) -> np.ndarray:
+def output_ids(corpus: Corpus | BothDirections, unk_id: int, eos_id: int) -> np.ndarray:
     """The target ids a model trained on `corpus` has to produce: those of its targets, EOS and UNK (sorted)."""
     if isinstance(corpus, BothDirections):  # the targets are both sides' sentences
         ids = np.union1d(_present_ids(corpus.forward.src_tokens), _present_ids(corpus.forward.tgt_tokens))
     else:
         ids = _present_ids(corpus.tgt_tokens)
-    return np.union1d(ids, [UNK_ID, EOS_ID]).astype(np.int64)
+    return np.union1d(ids, [unk_id, eos_id]).astype(np.int64)
+
+
+class Subset:
+    """Pairs of a corpus picked by index, repeats allowed, without a copy: pair i is the corpus' pair indices[i]."""
+
+    def __init__(self, corpus: Corpus, indices: np.ndarray):
+        self.corpus, self.indices = corpus, indices
+        self.stats = corpus.stats
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def src(self, i: int) -> np.ndarray:
+        return self.corpus.src(self.indices[i])
+
+    def tgt(self, i: int) -> np.ndarray:
+        return self.corpus.tgt(self.indices[i])
+
+    @property
+    def src_lens(self) -> np.ndarray:
+        return self.corpus.src_lens[self.indices]
+
+    @property
+    def tgt_lens(self) -> np.ndarray:
+        return self.corpus.tgt_lens[self.indices]
+
+
+def mixture(sizes: list[int], weights: list[float], seed: int, epoch: int) -> np.ndarray:
+    """One epoch's pairs of corpora laid end to end (sizes), corpus i's share of them weights[i] / sum(weights).
+
+    The epoch holds sum(sizes) pairs; a corpus gives its share as whole passes over its pairs plus a part of one
+    more pass drawn without repeats, from (seed, epoch) alone, so that a resumed run draws the same ones.
+    """
+    rng = np.random.default_rng((seed, epoch, 1))  # a stream of its own: make_batches draws from (seed, epoch)
+    total, starts = sum(sizes), np.cumsum([0, *sizes])
+    picked = []
+    for start, n, w in zip(starts, sizes, weights):
+        passes, rest = divmod(round(w / sum(weights) * total), n)
+        part = np.concatenate([np.tile(np.arange(n), passes), np.sort(rng.choice(n, rest, replace=False))])
+        picked.append(start + part)
+    return np.concatenate(picked).astype(np.int64)
 
 
 def both_directions(corpus: Corpus) -> BothDirections:
@@ -327,31 +383,43 @@ def _chunks(pairs: Iterable[tuple[str, str]], size: int) -> Iterator[list[tuple[
         yield chunk
 
 
-def _write_arrays(pairs: Iterable[tuple[str, str]], tokenizer: Tokenizer, out: Path, max_len: int | None) -> dict:
-    """Encode pairs chunk by chunk into out/{src,tgt}.{bin,idx}; return the filter statistics."""
+def _write_arrays(
+    parts: list[Iterable[tuple[str, str]]], tokenizer: Tokenizer, out: Path, max_len: int | None
+) -> tuple[dict, list[int]]:
+    """Encode the pairs of each corpus in turn, chunk by chunk, into out/{src,tgt}.{bin,idx}; return the filter
+    statistics and the pairs kept of each corpus."""
     stats = {"pairs": 0, "empty": 0, "too_long": 0}
+    sizes = []
     src_w = _SequenceWriter(out / "src", _token_dtype(tokenizer.src_vocab_size))
     tgt_w = _SequenceWriter(out / "tgt", _token_dtype(tokenizer.tgt_vocab_size))
     try:
-        for chunk in _chunks(pairs, CHUNK_PAIRS):
-            src_ids = tokenizer.encode_src([s for s, _ in chunk])
-            tgt_ids = tokenizer.encode_tgt([t for _, t in chunk])
-            keep = []
-            # Classify by tokens, so text that normalizes to nothing counts as empty too.
-            for i, (s, t) in enumerate(zip(src_ids, tgt_ids, strict=True)):
-                if not s or not t:
-                    stats["empty"] += 1
-                elif max_len is not None and (len(s) > max_len or len(t) > max_len):
-                    stats["too_long"] += 1
-                else:
-                    keep.append(i)
-            src_w.append([src_ids[i] for i in keep])
-            tgt_w.append([tgt_ids[i] for i in keep])
-            stats["pairs"] += len(keep)
+        for pairs in parts:
+            before = stats["pairs"]
+            _write_part(pairs, tokenizer, src_w, tgt_w, max_len, stats)
+            sizes.append(stats["pairs"] - before)
     finally:
         src_w.close()
         tgt_w.close()
-    return stats
+    return stats, sizes
+
+
+def _write_part(pairs: Iterable[tuple[str, str]], tokenizer: Tokenizer, src_w, tgt_w, max_len, stats: dict) -> None:
+    """Encode one corpus' pairs a chunk at a time; count what is kept and dropped into `stats`."""
+    for chunk in _chunks(pairs, CHUNK_PAIRS):
+        src_ids = tokenizer.encode_src([s for s, _ in chunk])
+        tgt_ids = tokenizer.encode_tgt([t for _, t in chunk])
+        keep = []
+        # Classify by tokens, so text that normalizes to nothing counts as empty too.
+        for i, (s, t) in enumerate(zip(src_ids, tgt_ids, strict=True)):
+            if not s or not t:
+                stats["empty"] += 1
+            elif max_len is not None and (len(s) > max_len or len(t) > max_len):
+                stats["too_long"] += 1
+            else:
+                keep.append(i)
+        src_w.append([src_ids[i] for i in keep])
+        tgt_w.append([tgt_ids[i] for i in keep])
+        stats["pairs"] += len(keep)
 
 
 def _sha256_file(path: Path) -> str:
@@ -371,7 +439,8 @@ def _source_key(cfg: DataConfig, name: str) -> dict:
         # datasets fingerprints a split by its source (hub revision, or local files' paths and mtimes).
         ds = _load_hf(cfg.hf, split)
         return {"hf": dataclasses.asdict(cfg.hf), "split": split, "fingerprint": ds._fingerprint}
-    return {role: _sha256_file(path) for role, path in _split_files(getattr(cfg, name), name).items()}
+    keys = [{role: _sha256_file(path) for role, path in _split_files(s, w).items()} for w, s in corpora(cfg, name)]
+    return keys if isinstance(getattr(cfg, name), tuple) else keys[0]
 
 
 def _open_corpus(directory: Path) -> Corpus:
@@ -382,7 +451,7 @@ def _open_corpus(directory: Path) -> Corpus:
         offsets = np.memmap(directory / f"{side}.idx", dtype=np.int64, mode="r")
         return tokens, offsets
 
-    return Corpus(*arrays("src"), *arrays("tgt"), stats=meta["stats"])
+    return Corpus(*arrays("src"), *arrays("tgt"), stats=meta["stats"], sizes=meta.get("sizes"))
 
 
 def _log_stats(name: str, stats: dict, max_len: int | None, cached: bool) -> None:
@@ -411,18 +480,22 @@ def binarize(cfg: DataConfig, name: str, tokenizer: Tokenizer, cache_dir: str | 
         return corpus
 
     if cfg.hf is None:
-        check_split(getattr(cfg, name), name)  # every file problem surfaces before any encoding
+        check_files(cfg, name)  # every file problem surfaces before any encoding
     cache_dir.mkdir(parents=True, exist_ok=True)
+    parts = [split_pairs(cfg, name)] if cfg.hf is not None else [read_pairs(s, w) for w, s in corpora(cfg, name)]
     # Written under a temporary name and renamed, so a crash never leaves a half-written cache.
     with _writing(final) as tmp:
-        stats = _write_arrays(split_pairs(cfg, name), tokenizer, tmp, max_len)
+        stats, sizes = _write_arrays(parts, tokenizer, tmp, max_len)
         if stats["pairs"] == 0:
             raise CorpusError(
                 f"data.{name}: no sentence pairs left ({stats['empty']} empty, {stats['too_long']} too long)"
             )
+        if 0 in sizes:  # a weighted corpus would have no pairs to give its share of an epoch
+            raise CorpusError(f"data.{name}[{sizes.index(0)}]: no sentence pairs left after filtering")
         meta = {
             "key": key,
             "stats": stats,
+            "sizes": sizes,
             "src_dtype": _token_dtype(tokenizer.src_vocab_size).name,
             "tgt_dtype": _token_dtype(tokenizer.tgt_vocab_size).name,
         }
@@ -573,6 +646,7 @@ def resegment(
                 w.close()
         meta = {
             "stats": corpus.stats,
+            "sizes": corpus.sizes,
             "src_dtype": corpus.src_tokens.dtype.name,
             "tgt_dtype": corpus.tgt_tokens.dtype.name,
         }
@@ -658,23 +732,23 @@ class Batch:
         )
 
 
-def collate(corpus: Corpus, indices: np.ndarray) -> Batch:
-    """Gather sentences `indices` of the corpus into padded src / tgt_in / tgt_out tensors."""
+def collate(corpus: Corpus, indices: np.ndarray, ids: SpecialIds) -> Batch:
+    """Gather sentences `indices` of the corpus into padded src / tgt_in / tgt_out tensors, with the model's ids."""
     if len(indices) == 0:
         raise ValueError("collate needs at least one sentence")
     srcs = [corpus.src(i) for i in indices]
     tgts = [corpus.tgt(i) for i in indices]
     n_rows = len(indices)
-    src = np.full((n_rows, max(map(len, srcs)) + 1), PAD_ID, dtype=np.int64)  # (B, S)
-    tgt_in = np.full((n_rows, max(map(len, tgts)) + 1), PAD_ID, dtype=np.int64)  # (B, T)
-    tgt_out = np.full_like(tgt_in, PAD_ID)  # (B, T)
+    src = np.full((n_rows, max(map(len, srcs)) + 1), ids.pad, dtype=np.int64)  # (B, S)
+    tgt_in = np.full((n_rows, max(map(len, tgts)) + 1), ids.pad, dtype=np.int64)  # (B, T)
+    tgt_out = np.full_like(tgt_in, ids.pad)  # (B, T)
     for row, (s, t) in enumerate(zip(srcs, tgts, strict=True)):
         src[row, : len(s)] = s
-        src[row, len(s)] = EOS_ID
-        tgt_in[row, 0] = BOS_ID
+        src[row, len(s)] = ids.eos
+        tgt_in[row, 0] = ids.bos
         tgt_in[row, 1 : len(t) + 1] = t
         tgt_out[row, : len(t)] = t
-        tgt_out[row, len(t)] = EOS_ID
+        tgt_out[row, len(t)] = ids.eos
     return Batch(
         src=torch.from_numpy(src),
         tgt_in=torch.from_numpy(tgt_in),

@@ -370,7 +370,9 @@ class Embedding(nn.Module):
         super().__init__()
         self.scale = math.sqrt(cfg.d_model)
         self.max_positions = cfg.max_positions
-        self.tokens = tokens if tokens is not None else nn.Embedding(padded(vocab_size, cfg), cfg.d_model)
+        # padding_idx: the pad row learns nothing from its lookups, as in fairseq and transformers; it matters where
+        # the pad id is also the decoder's first input (Marian's models start from it).
+        self.tokens = tokens if tokens is not None else nn.Embedding(padded(vocab_size, cfg), cfg.d_model, cfg.pad_id)
         if cfg.positional == "learned":
             self.positions = nn.Embedding(cfg.max_positions, cfg.d_model)
         else:
@@ -410,6 +412,8 @@ class Transformer(nn.Module):
         self.reset_parameters()
         if cfg.tie_output:  # 3.4: the pre-softmax projection shares the target embedding matrix
             self.output.weight = self.tgt_embed.tokens.weight
+        if cfg.output_bias:  # Marian's final_logits_bias: a constant of the model (a buffer in transformers)
+            self.output.bias.requires_grad_(False)
         if not cfg.restrict_output:
             self.output_mask = None  # every target id is scored
         else:
@@ -439,12 +443,12 @@ class Transformer(nn.Module):
 
     @torch.no_grad()
     def set_output_vocab(self, ids: Tensor) -> None:
-        """Score only these target ids (and those up to pad_id, so that padding keeps its position)."""
+        """Score only these target ids, and pad_id: the position that `output_targets` gives ids never scored."""
         if self.output_mask is None:
             raise ValueError("set_output_vocab needs a model built with restrict_output=True")
         mask = torch.zeros_like(self.output_mask)
         mask[ids.to(mask.device, torch.long)] = True
-        mask[: self.cfg.pad_id + 1] = True
+        mask[self.cfg.pad_id] = True
         self.output_mask.copy_(mask)
         _derive_output_vocab(self)
 
@@ -454,8 +458,13 @@ class Transformer(nn.Module):
         return self.output_mask is not None and self.output.out_features != padded(self.cfg.tgt_vocab_size, self.cfg)
 
     def output_targets(self, tgt: Tensor) -> Tensor:
-        """Target ids -> their positions in `logits(..., restricted=True)`; unscored ids become padding."""
+        """Target ids -> their positions in `logits(..., restricted=True)`; unscored ids become `output_pad`."""
         return tgt if self.output_mask is None else self.output_index[tgt]
+
+    @property
+    def output_pad(self) -> int:
+        """The position of padding in `output_targets`: the loss skips it."""
+        return self.cfg.pad_id if self.output_mask is None else int(self.output_index[self.cfg.pad_id])
 
     def logits(self, h: Tensor, restricted: bool = False) -> Tensor:
         """h (B, T, D) -> logits (B, T, V), -inf at ids the output does not score; restricted: (B, T, K) only."""
@@ -569,6 +578,8 @@ def prune_output(model: Transformer) -> Transformer:
 def _derive_output_vocab(model: Transformer, _incompatible_keys=None) -> None:
     """Recompute the kept ids and each id's position from `output_mask` (after loading or setting it)."""
     ids = model.output_mask.nonzero().squeeze(1)  # (K,)
-    index = torch.full_like(model.output_index, model.cfg.pad_id)  # unscored ids -> padding, which the loss skips
+    index = torch.zeros_like(model.output_index)
     index[ids] = torch.arange(len(ids), device=ids.device)
+    unscored = ~model.output_mask
+    index[unscored] = index[model.cfg.pad_id]  # unscored ids -> padding's position, which the loss skips
     model.output_ids, model.output_index = ids, index

@@ -14,7 +14,7 @@ from pathlib import Path
 import sentencepiece as spm
 
 # The special ids (config.py) are reserved in every SentencePiece model, so the model and the data agree.
-from .config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, DataConfig
+from .config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, DataConfig, ModelConfig
 
 SHARED_FILE, SRC_FILE, TGT_FILE = "spm.model", "src.model", "tgt.model"
 # Id tables that replace SentencePiece's own ids (Marian's layout): one over both sides, or the target's own.
@@ -53,6 +53,15 @@ class Tokenizer:
             raise ValueError("the source and target id tables must agree on the ids of </s> and <pad>")
         specials = (PAD_ID, UNK_ID, EOS_ID) if table is None else (table.pad_id, table.unk_id, table.eos_id)
         self.pad_id, self.unk_id, self.eos_id = specials
+        # A table has no <s>: the decoder starts from the id the model's config names (Marian: the pad id).
+        self.bos_id = BOS_ID if table is None else None
+
+    def check_model_ids(self, cfg: ModelConfig) -> None:
+        """The model's pad and end-of-sentence ids (and decoder-start id, where it has one) are the tokenizer's."""
+        ours = {"pad_id": self.pad_id, "eos_id": self.eos_id, "bos_id": self.bos_id}
+        for name, tokenizer_id in ours.items():
+            if tokenizer_id is not None and getattr(cfg, name) != tokenizer_id:
+                raise ValueError(f"model.{name} is {getattr(cfg, name)}, but the tokenizer's is {tokenizer_id}")
 
     @property
     def shared(self) -> bool:

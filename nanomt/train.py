@@ -26,17 +26,20 @@ from tqdm import tqdm
 from nanomt import checkpoint as ckpt
 from nanomt import runtime
 from nanomt.checkpoint import TrainState
-from nanomt.config import BOS_ID, EOS_ID, PAD_ID, Config, SplitConfig, TrainConfig, load_config, save_config, to_dict
+from nanomt.config import Config, SplitConfig, TrainConfig, load_config, save_config, to_dict
 from nanomt.data import (
     Batch,
     Corpus,
     CorpusText,
+    Subset,
     binarize,
     both_directions,
     check_split,
     collate,
+    corpora,
     corpus_texts,
     make_batches,
+    mixture,
     output_ids,
     padding_fraction,
     resegment,
@@ -70,9 +73,9 @@ def lr_at(step: int, cfg: TrainConfig, d_model: int, elapsed: float = 0.0) -> fl
         if cfg.max_minutes is not None:
             decay = min(decay, 1.0 - elapsed / (cfg.max_minutes * 60))
         return cfg.lr * max(0.0, min(step / warmup, decay))
-    if step < warmup:  # fairseq's inverse_sqrt: the same curve, with lr as its peak
+    if step < warmup:  # fairseq's inverse_sqrt and the constant schedule: the same ramp, with lr as its peak
         return cfg.lr * step / warmup
-    return cfg.lr * math.sqrt(warmup / step)
+    return cfg.lr if cfg.schedule == "constant" else cfg.lr * math.sqrt(warmup / step)
 
 
 class LabelSmoothedLoss(torch.autograd.Function):
@@ -132,36 +135,86 @@ def has_split(cfg: Config, name: str) -> bool:
     return cfg.data.hf is not None or getattr(cfg.data, name) != SplitConfig()
 
 
-def prepare_run_dir(cfg: Config, run_dir: Path) -> tuple[Config, Tokenizer]:
-    """Train (checking the corpus first) or load the tokenizer, fix vocabulary sizes in the config, save config.yaml."""
-    run_dir.mkdir(parents=True, exist_ok=True)
+def check_run_dir(run_dir: Path) -> None:
+    """A --run-dir is new, or one that training made: a model made otherwise (imported, averaged) is never touched."""
+    if (run_dir / ckpt.CHECKPOINTS).is_dir():  # made by train at the start of the run
+        return
+    found = [name for name in (ckpt.CONFIG, ckpt.WEIGHTS, ckpt.TOKENIZER) if (run_dir / name).exists()]
+    if found:
+        raise TrainingError(
+            f"{run_dir} holds a model that was not trained there ({found[0]}: an imported or averaged checkpoint?); "
+            f"nothing was written. To fine-tune it: train.init_from={run_dir} (--init-from) and another --run-dir"
+        )
+
+
+def init_tokenizer(init_from: Path, run_dir: Path) -> Tokenizer:
+    """The tokenizer of checkpoint `init_from`, after checking it is the one its weights were trained with."""
+    tokenizer_dir = ckpt.find_run_files(init_from)[1]
+    tokenizer = Tokenizer.load(tokenizer_dir)
+    stored = ckpt.weights_fingerprint(ckpt.checkpoint_weights(init_from))
+    if stored is not None and stored != tokenizer.fingerprint():
+        raise TrainingError(
+            f"train.init_from {init_from}: its weights were trained with tokenizer {stored[:12]}, but "
+            f"{tokenizer_dir} holds {tokenizer.fingerprint()[:12]}"
+        )
+    return tokenizer
+
+
+def run_tokenizer(cfg: Config, run_dir: Path) -> Tokenizer:
+    """The run's tokenizer: its own (a restart), the init_from checkpoint's, or one trained on the training data."""
     tok_dir = run_dir / ckpt.TOKENIZER
     if any(tok_dir.glob("*.model")):
         # A restart reads no corpus file here: binarize checks the files when its cache misses.
-        tokenizer = Tokenizer.load(tok_dir)
-    else:
-        if cfg.data.hf is None:  # every file problem surfaces before the tokenizer is trained
-            check_split(cfg.data.train, "train")
-            if has_split(cfg, "valid"):
-                check_split(cfg.data.valid, "valid")
-        log.info("training a %s tokenizer (vocab %d) on the training data", cfg.data.tokenizer, cfg.data.vocab_size)
-        tokenizer = train_tokenizer(
-            (s for s, _ in split_pairs(cfg.data, "train")),
-            (t for _, t in split_pairs(cfg.data, "train")),
-            tok_dir,
-            cfg.data,
-        )
-    model_cfg = dataclasses.replace(
-        cfg.model,
-        src_vocab_size=tokenizer.src_vocab_size,
-        tgt_vocab_size=tokenizer.tgt_vocab_size,
-        pad_id=PAD_ID,
-        bos_id=BOS_ID,
-        eos_id=EOS_ID,
+        return Tokenizer.load(tok_dir)
+    if cfg.train.init_from:
+        tokenizer = init_tokenizer(Path(cfg.train.init_from), run_dir)
+        tokenizer.save(tok_dir)
+        return tokenizer
+    if cfg.data.hf is None:  # every file problem surfaces before the tokenizer is trained
+        for name in ("train", "valid") if has_split(cfg, "valid") else ("train",):
+            for where, split in corpora(cfg.data, name):
+                check_split(split, where)
+    log.info("training a %s tokenizer (vocab %d) on the training data", cfg.data.tokenizer, cfg.data.vocab_size)
+    return train_tokenizer(
+        (s for s, _ in split_pairs(cfg.data, "train")),
+        (t for _, t in split_pairs(cfg.data, "train")),
+        tok_dir,
+        cfg.data,
     )
-    cfg = dataclasses.replace(cfg, model=model_cfg)
+
+
+def with_tokenizer(cfg: Config, tokenizer: Tokenizer) -> Config:
+    """The config with the tokenizer's vocabulary sizes, and its special ids for a model trained from scratch."""
+    if cfg.train.init_from:  # the checkpoint's model, whose ids its tokenizer was checked against
+        model = cfg.model
+    else:
+        bos = cfg.model.bos_id if tokenizer.bos_id is None else tokenizer.bos_id
+        model = dataclasses.replace(
+            cfg.model,
+            src_vocab_size=tokenizer.src_vocab_size,
+            tgt_vocab_size=tokenizer.tgt_vocab_size,
+            pad_id=tokenizer.pad_id,
+            bos_id=bos,
+            eos_id=tokenizer.eos_id,
+        )
+    try:
+        tokenizer.check_model_ids(model)
+    except ValueError as e:
+        raise TrainingError(str(e)) from None
+    return dataclasses.replace(cfg, model=model)
+
+
+def prepare_run_dir(cfg: Config, run_dir: Path) -> tuple[Config, Tokenizer]:
+    """Train (checking the corpus first) or load the tokenizer, fix vocabulary sizes in the config, save config.yaml."""
+    check_run_dir(run_dir)
+    init_from = Path(cfg.train.init_from) if cfg.train.init_from else None
+    if init_from is not None and init_from.resolve() in (run_dir.resolve(), run_dir.resolve().parent.parent):
+        raise TrainingError(f"train.init_from {init_from} is the --run-dir itself; give the fine-tuning run its own")
+    (run_dir / ckpt.CHECKPOINTS).mkdir(parents=True, exist_ok=True)  # marks the directory as a training run's
+    tokenizer = run_tokenizer(cfg, run_dir)
+    cfg = with_tokenizer(cfg, tokenizer)
     saved = run_dir / ckpt.CONFIG
-    if saved.is_file() and ckpt.step_dirs(run_dir):
+    if saved.is_file():
         old = load_config(saved)
         for section in ("model", "data"):
             a, b = to_dict(getattr(old, section)), to_dict(getattr(cfg, section))
@@ -171,7 +224,8 @@ def prepare_run_dir(cfg: Config, run_dir: Path) -> tuple[Config, Tokenizer]:
                     f"{run_dir} holds a run with another {section} config ({section}.{diff[0]}: "
                     f"{a[diff[0]]!r} there, {b[diff[0]]!r} now); use another --run-dir"
                 )
-    save_config(cfg, saved)
+    # Resolved: the model section is whole, so the run loads without the checkpoint it started from.
+    save_config(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, init_from=None)), saved)
     return cfg, tokenizer
 
 
@@ -243,7 +297,8 @@ def prepare_data(cfg: Config, run_dir: Path, rt: Runtime) -> tuple[Config, Train
     what = "training the tokenizer and binarizing the data"
     prepared = main_rank_first(rt, what, lambda: prepare_files(cfg, run_dir, cache, max_len))
     if prepared is None:  # another rank: it opens what rank 0 wrote
-        cfg, tokenizer = load_config(run_dir / ckpt.CONFIG), Tokenizer.load(run_dir / ckpt.TOKENIZER)
+        saved = dataclasses.replace(load_config(run_dir / ckpt.CONFIG), train=cfg.train)  # train.init_from too
+        cfg, tokenizer = saved, Tokenizer.load(run_dir / ckpt.TOKENIZER)
         corpus = binarize(cfg.data, "train", tokenizer, cache, max_len)
         prepared = cfg, tokenizer, corpus, valid_set(cfg, tokenizer, cache)
     cfg, tokenizer, corpus, valid = prepared
@@ -251,9 +306,10 @@ def prepare_data(cfg: Config, run_dir: Path, rt: Runtime) -> tuple[Config, Train
         raise TrainingError("no training pairs left after filtering")
     output_vocab = {}
     if cfg.model.restrict_output:
-        output_vocab[False] = torch.from_numpy(output_ids(corpus))
+        unk, eos = tokenizer.unk_id, cfg.model.eos_id
+        output_vocab[False] = torch.from_numpy(output_ids(corpus, unk, eos))
         if cfg.train.bidirectional_epochs:  # a reversed epoch's targets are both sides' sentences
-            output_vocab[True] = torch.from_numpy(output_ids(both_directions(corpus)))
+            output_vocab[True] = torch.from_numpy(output_ids(both_directions(corpus), unk, eos))
     return cfg, TrainData(
         tokenizer=tokenizer,
         corpus=corpus,
@@ -321,6 +377,8 @@ def epoch_batches(data: TrainData, epoch: int, cfg: Config, rt: Runtime) -> Epoc
     tc, c = cfg.train, data.corpus
     if data.texts is not None:  # a fresh BPE-dropout segmentation, seeded by (seed, epoch)
         c = resegment(c, data.texts, data.tokenizer, cfg.data.bpe_dropout, tc.seed * 100_003 + epoch, data.max_len)
+    if isinstance(cfg.data.train, tuple):  # several corpora: this epoch's draw of each one's share
+        c = Subset(c, mixture(data.corpus.sizes, [s.weight for s in cfg.data.train], tc.seed, epoch))
     if epoch < tc.bidirectional_epochs:
         c = both_directions(c)
     every = make_batches(c.src_lens, c.tgt_lens, tc.max_tokens, tc.seed, epoch)
@@ -342,11 +400,11 @@ def set_output_vocab(model: Transformer, data: TrainData, epoch: int, tc: TrainC
 PAD_MULTIPLE = 8  # on CUDA, batch widths a multiple of 8: tensor-core matmul shapes
 
 
-def pad_width(b: Batch, multiple: int) -> Batch:
-    """The batch with its source and target widths padded (with PAD) to a multiple of `multiple`."""
+def pad_width(b: Batch, multiple: int, pad_id: int) -> Batch:
+    """The batch with its source and target widths padded (with pad_id) to a multiple of `multiple`."""
 
     def pad(t: torch.Tensor) -> torch.Tensor:
-        return F.pad(t, (0, -t.size(1) % multiple), value=PAD_ID)
+        return F.pad(t, (0, -t.size(1) % multiple), value=pad_id)
 
     return dataclasses.replace(b, src=pad(b.src), tgt_in=pad(b.tgt_in), tgt_out=pad(b.tgt_out))
 
@@ -387,10 +445,11 @@ class BatchStream:
                 ep = epoch_batches(data, epoch, cfg, rt)
                 if rt.is_main:
                     log.debug("epoch %d: padding fraction %.3f", epoch, ep.padding)
+                ids = cfg.model.special_ids
                 for i in range(pos, len(ep.batches)):
-                    b = collate(ep.corpus, ep.batches[i])
+                    b = collate(ep.corpus, ep.batches[i], ids)
                     if rt.device.type == "cuda":
-                        b = pinned(pad_width(b, PAD_MULTIPLE))
+                        b = pinned(pad_width(b, PAD_MULTIPLE, ids.pad))
                     if not self.put((epoch, i, ep, b)):
                         return
                 epoch, pos = epoch + 1, 0
@@ -467,7 +526,7 @@ def backward(model: Transformer, ddp_model, group: Group, scaler, cfg: Config, r
             with autocast(rt.precision, rt.device):
                 logits = ddp_model(b.src, b.tgt_in, restricted=True)
             target = model.output_targets(b.tgt_out)
-            loss = label_smoothed_loss(logits, target, cfg.train.label_smoothing, PAD_ID) / n_tokens
+            loss = label_smoothed_loss(logits, target, cfg.train.label_smoothing, model.output_pad) / n_tokens
             (scaler.scale(loss) if scaler else loss).backward()
         losses.append(loss.detach())
     return torch.stack(losses).sum()
@@ -495,12 +554,12 @@ def evaluate_loss(model: Transformer, corpus: Corpus, cfg: Config, rt: Runtime) 
     sums = torch.zeros(2, dtype=torch.float64, device=rt.device)  # loss, target tokens
     batches = make_batches(corpus.src_lens, corpus.tgt_lens, cfg.train.max_tokens, 0, 0, shuffle=False)
     for idx in batches[rt.rank :: rt.world]:
-        batch = to_device(collate(corpus, idx), rt)
+        batch = to_device(collate(corpus, idx, cfg.model.special_ids), rt)
         with autocast(rt.precision, rt.device):
             logits = model(batch.src, batch.tgt_in, restricted=True)
         target = model.output_targets(batch.tgt_out)  # with restrict_output, ids it never scores are skipped
-        sums[0] += label_smoothed_loss(logits, target, cfg.train.label_smoothing, PAD_ID)
-        sums[1] += (target != PAD_ID).sum()
+        sums[0] += label_smoothed_loss(logits, target, cfg.train.label_smoothing, model.output_pad)
+        sums[1] += (target != model.output_pad).sum()
     if rt.world > 1:
         dist.all_reduce(sums)
     loss, tokens = sums.tolist()
@@ -677,6 +736,10 @@ def train(cfg: Config, run_dir: str | Path) -> Path:
     rt = runtime.setup(tc.device, tc.precision, tc.num_threads)
     cfg, data = prepare_data(cfg, run_dir, rt)
     model, optimizer, scaler = build(cfg, rt)
+    if tc.init_from and not ckpt.step_dirs(run_dir):  # a new run starts from the checkpoint's weights
+        ckpt.load_weights(model, ckpt.checkpoint_weights(tc.init_from))
+        if rt.is_main:
+            log.info("starting from the weights of %s", tc.init_from)
     state, resumed_from = TrainState.resume_or_new(run_dir, model, optimizer, scaler, rt.rank)
     ddp_model = step_model(model, rt, tc.compile)
     metrics = MetricsLog(run_dir / "metrics.jsonl", rt.is_main, state.step, tc.tensorboard)

@@ -7,7 +7,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nanomt.config import DataConfig, DecodeConfig, HFDataConfig, ModelConfig, SplitConfig, TrainConfig, to_dict
+from nanomt.config import (
+    CorpusConfig,
+    DataConfig,
+    DecodeConfig,
+    HFDataConfig,
+    ModelConfig,
+    SplitConfig,
+    TrainConfig,
+    to_dict,
+)
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "config.md"
 
@@ -15,6 +24,7 @@ SECTIONS = {
     "model": ModelConfig,
     "data": DataConfig,
     "data.train, data.valid, data.test": SplitConfig,
+    "data.train as a list of corpora": CorpusConfig,
     "data.hf": HFDataConfig,
     "train": TrainConfig,
     "decode": DecodeConfig,

@@ -108,8 +108,8 @@ def test_both_directions_is_a_view_with_the_same_pairs():
     assert np.array_equal(both.src_lens, np.concatenate([corpus.src_lens, corpus.tgt_lens]))
     assert np.array_equal(both.tgt_lens, np.concatenate([corpus.tgt_lens, corpus.src_lens]))
     ids = np.union1d(np.unique(corpus.src_tokens), np.unique(corpus.tgt_tokens))
-    assert np.array_equal(output_ids(both), np.union1d(ids, [1, 3]))
-    assert np.array_equal(output_ids(corpus), np.union1d(np.unique(corpus.tgt_tokens), [1, 3]))
+    assert np.array_equal(output_ids(both, 1, 3), np.union1d(ids, [1, 3]))
+    assert np.array_equal(output_ids(corpus, 1, 3), np.union1d(np.unique(corpus.tgt_tokens), [1, 3]))
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ import torch
 from conftest import peak_python_memory
 
 from nanomt import data
-from nanomt.config import DataConfig, HFDataConfig, SplitConfig
+from nanomt.config import DataConfig, HFDataConfig, SpecialIds, SplitConfig
 from nanomt.data import (
     Corpus,
     CorpusError,
@@ -30,6 +30,8 @@ from nanomt.data import (
     split_pairs,
 )
 from nanomt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, train_tokenizer
+
+NANOMT_IDS = SpecialIds(PAD_ID, BOS_ID, EOS_ID)
 
 # Never touch the network from tests (read when `datasets` is first imported; also patched per test below).
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -469,7 +471,7 @@ def test_collate_shapes_and_special_tokens():
         return np.array(sum(seqs, []), np.uint16), np.cumsum([0] + [len(s) for s in seqs])
 
     corpus = Corpus(*flat(src_seqs), *flat(tgt_seqs), stats={})
-    batch = collate(corpus, np.array([2, 0, 1]))
+    batch = collate(corpus, np.array([2, 0, 1]), NANOMT_IDS)
     assert batch.src.dtype == batch.tgt_in.dtype == batch.tgt_out.dtype == torch.long
     assert batch.src.tolist() == [
         [30, 31, EOS_ID, PAD_ID],
@@ -497,7 +499,7 @@ def test_collate_from_binarized_corpus(tmp_path, tokenizer):
     corpus = binarize(DataConfig(train=write_split(tmp_path, pairs)), "train", tokenizer, tmp_path / "c", None)
     batches = make_batches(corpus.src_lens, corpus.tgt_lens, max_tokens=200, seed=0, epoch=0)
     for idx in batches:
-        batch = collate(corpus, idx)
+        batch = collate(corpus, idx, NANOMT_IDS)
         B = len(idx)
         assert batch.src.shape == (B, corpus.src_lens[idx].max() + 1)  # (B, S)
         assert batch.tgt_in.shape == batch.tgt_out.shape == (B, corpus.tgt_lens[idx].max() + 1)  # (B, T)

@@ -266,7 +266,7 @@ def test_background_collation_follows_the_plan_across_epochs_and_counts_all_rank
     one = runtime.Runtime(0, 1, torch.device("cpu"), "fp32")
     cfg, data = t.prepare_data(cfg, tmp_path / "run", one)
     names, collate = set(), t.collate
-    t.collate = lambda corpus, idx: names.add(threading.current_thread().name) or collate(corpus, idx)
+    t.collate = lambda corpus, idx, ids: names.add(threading.current_thread().name) or collate(corpus, idx, ids)
     try:
         n = len(t.epoch_batches(data, 0, cfg, one).batches)
         stream = t.BatchStream(data, 0, n - 2, cfg, one)  # from the end of epoch 0, as a resumed run would
@@ -279,12 +279,13 @@ def test_background_collation_follows_the_plan_across_epochs_and_counts_all_rank
     assert [(e, i) for e, i, _, _ in got] == plan
     for (epoch, i), (_, _, _, b) in zip(plan, got, strict=True):
         ep = t.epoch_batches(data, epoch, cfg, one)
-        assert torch.equal(b.tgt_out, collate(ep.corpus, ep.batches[i]).tgt_out)
+        assert torch.equal(b.tgt_out, collate(ep.corpus, ep.batches[i], cfg.model.special_ids).tgt_out)
     # Under DDP each rank knows the target tokens of every rank's batch at a position: the loss's denominator.
     ranks = [t.epoch_batches(data, 1, cfg, runtime.Runtime(r, 2, torch.device("cpu"), "fp32")) for r in (0, 1)]
+    ids = cfg.model.special_ids
     assert ranks[0].tokens == ranks[1].tokens
     for i in range(len(ranks[0].batches)):
-        assert ranks[0].tokens[i] == sum(collate(ep.corpus, ep.batches[i]).n_tgt_tokens for ep in ranks)
+        assert ranks[0].tokens[i] == sum(collate(ep.corpus, ep.batches[i], ids).n_tgt_tokens for ep in ranks)
 
 
 def test_batches_for_a_gpu_are_padded_to_multiples_of_8_without_changing_the_loss():
@@ -295,7 +296,7 @@ def test_batches_for_a_gpu_are_padded_to_multiples_of_8_without_changing_the_los
     model = tiny_model()
     src, tgt = torch.randint(4, 20, (3, 11)), torch.randint(4, 20, (3, 6))
     b = Batch(src=src, tgt_in=tgt, tgt_out=torch.roll(tgt, -1, 1), n_src_tokens=33, n_tgt_tokens=18)
-    p = t.pad_width(b, 8)
+    p = t.pad_width(b, 8, 0)
     assert p.src.shape == (3, 16) and p.tgt_in.shape == p.tgt_out.shape == (3, 8)
     assert torch.equal(p.src[:, :11], src) and (p.src[:, 11:] == 0).all() and (p.tgt_out[:, 6:] == 0).all()
     model.eval()

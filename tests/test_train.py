@@ -367,7 +367,7 @@ def test_the_first_epoch_holds_both_directions_and_scores_both_sides_ids(bidir_r
     mask = {}
     for bidir, c in ((True, both), (False, corpus)):
         mask[bidir] = torch.zeros(tok.tgt_vocab_size, dtype=torch.bool)
-        mask[bidir][output_ids(c)] = True
+        mask[bidir][output_ids(c, tok.unk_id, EOS_ID)] = True
         mask[bidir][: PAD_ID + 1] = True
     assert mask[False].sum() < mask[True].sum()  # the toy pair's two sides use different subwords
     for step, step_dir in step_dirs(run):
@@ -406,7 +406,7 @@ def test_a_run_keeps_the_training_targets_ids_in_every_checkpoint(restricted_run
     tok = Tokenizer.load(run / "tokenizer")
     model, cfg, _ = load_checkpoint(run)
     corpus = binarize(cfg.data, "train", tok, run / "bin", max_len=cfg.model.max_positions - 1)
-    expected = sorted({PAD_ID, *output_ids(corpus).tolist()})
+    expected = sorted({PAD_ID, *output_ids(corpus, tok.unk_id, EOS_ID).tolist()})
     assert model.output_ids.tolist() == expected and len(expected) < tok.tgt_vocab_size  # the shared vocab's
     assert EOS_ID in expected and BOS_ID not in expected
     for _, step_dir in step_dirs(run):

@@ -158,9 +158,12 @@ def decode_config(hf: dict) -> DecodeConfig:
     """Decoding defaults of a Marian config: beam size, Hugging Face's length penalty and stopping rule, lengths."""
     if hf["early_stopping"] not in (True, False):
         raise MarianImportError(f"config.json: early_stopping {hf['early_stopping']!r} is not supported")
-    if hf["bad_words_ids"] not in (None, [], [[hf["pad_token_id"]]]):
-        # nanomt never generates the pad id and bans nothing else.
-        raise MarianImportError(f"config.json: bad_words_ids {hf['bad_words_ids']} other than [[pad_token_id]]")
+    never = [[hf["pad_token_id"]], [hf["decoder_start_token_id"]]]
+    if hf["bad_words_ids"] not in (None, [], never[:1], never, never[::-1]):
+        # nanomt never generates the pad id and the decoder's start token, and bans nothing else.
+        raise MarianImportError(
+            f"config.json: bad_words_ids {hf['bad_words_ids']} other than [[pad_token_id], [decoder_start_token_id]]"
+        )
     # max_length counts the decoder's start token; a translation cut there keeps its last token where
     # Hugging Face's forced_eos_token_id would replace it with EOS.
     max_len = hf["max_new_tokens"] or hf["max_length"] - 1
@@ -226,7 +229,7 @@ def _load_bin(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def _layer_names(i: int, prefix: str) -> dict[str, tuple[str, ...]]:
+def layer_names(i: int, prefix: str) -> dict[str, tuple[str, ...]]:
     """nanomt's name -> the Marian tensors it is made of (concatenated along dim 0), for layer i of a stack."""
     ours, theirs = f"{prefix}.{i}", f"{prefix}.layers.{i}"
     names = {}
@@ -274,9 +277,9 @@ def load_marian_weights(model: Transformer, state: dict[str, torch.Tensor]) -> N
     if not cfg.tie_output:
         names["output.weight"] = _embedding(state, "lm_head.weight")
     for i in range(cfg.n_encoder_layers):
-        names |= _layer_names(i, "encoder")
+        names |= layer_names(i, "encoder")
     for i in range(cfg.n_decoder_layers):
-        names |= _layer_names(i, "decoder")
+        names |= layer_names(i, "decoder")
     # Copies of the embeddings read, which Hugging Face ties to them when it loads the model.
     ignored = {"shared.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight"}
     own = model.state_dict()
