@@ -89,6 +89,7 @@ def main() -> None:
     args = p.parse_args()
     data, news, multi30k = args.data.resolve(), args.data.resolve() / "news", args.data.resolve() / "multi30k"
     work = args.work.resolve()
+    work.mkdir(parents=True, exist_ok=True)
     base = args.base
     base_run = None
     if base is None:
