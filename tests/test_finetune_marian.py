@@ -20,6 +20,7 @@ from nanomt.interop.marian import load_marian_weights
 from nanomt.model import Transformer
 from nanomt.synthetic import write_corpus
 from nanomt.train import train
+from nanomt.translate import Translator
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -74,6 +75,8 @@ def marian_dir(corpus, tmp_path_factory) -> Path:
                 continue
             p.normal_(1.0 if "layer_norm.weight" in name else 0.0, 0.05 if "layer_norm" in name else 0.2)
         model.final_logits_bias.normal_(0.0, 1.0)
+    gen = model.generation_config  # opus-mt's decoding: beam 4, fairseq's stopping rule
+    gen.num_beams, gen.max_length, gen.early_stopping, gen.bad_words_ids = 4, 16, True, [[pad]]
     model.save_pretrained(out)
     return out
 
@@ -160,3 +163,19 @@ def test_fine_tuning_an_imported_marian_model_gives_transformers_weights(
     print(f"label smoothing {smoothing}: largest relative difference {worst:.2e} ({worst_name}); moved {moved:.2e}")
     assert moved > 2 * LR  # the 5 steps changed the weights: a comparison of untrained models proves nothing
     assert worst < TOLERANCE, f"{worst_name}: {worst:.2e}"
+
+
+def test_export_ct2_of_a_fine_tuned_imported_model_decodes_as_nanomt(marian_dir, corpus, tmp_path, monkeypatch):
+    """The fine-tuned opus-mt-like model, exported to CTranslate2: greedy and beam 4 give nanomt's tokens."""
+    pytest.importorskip("ctranslate2")
+    from nanomt.interop.ct2 import Ct2Translator, export_ct2
+
+    run, _ = finetuned(import_marian(marian_dir, tmp_path / "imported"), corpus, tmp_path / "run", 0.1, monkeypatch)
+    ours = Translator.from_checkpoint(run)
+    theirs = Ct2Translator(export_ct2(run, tmp_path / "ct2"), intra_threads=1)
+    sources = corpus["train.src"].read_text(encoding="utf-8").splitlines()[:40]
+    src_ids = ours.tokenizer.encode_src(sources)
+    for beam in (1, 4):
+        expected = [h[0].tokens for h in ours.translate_hypotheses(sources, beam_size=beam)]
+        assert theirs.translate_ids(src_ids, beam_size=beam) == expected, f"beam {beam}"
+    assert len(set(map(tuple, expected))) > 10
