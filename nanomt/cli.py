@@ -74,10 +74,33 @@ def sampling_options(args: argparse.Namespace) -> dict | None:
     return {key: value for key, value in options.values() if value is not None}
 
 
-def _write_translations(out: TextIO, translator, lines: list[str], n_best: int, first: int, **kwargs) -> None:
+def decoding_changes(args: argparse.Namespace) -> dict:
+    """The decoding settings a `translate` or `evaluate` command changes (Decoding's fields), checked here."""
+    from nanomt.decoding import Decoding
+    from nanomt.glossary import read_glossary
+
+    changes = {
+        "beam_size": args.beam,
+        "n_best": getattr(args, "n_best", 1) if getattr(args, "n_best", 1) > 1 else None,
+        "length_penalty": args.length_penalty,
+        "min_len": args.min_len,
+        "max_len_a": args.max_len_a,
+        "max_len_b": args.max_len_b,
+        "no_repeat_ngram_size": args.no_repeat_ngram_size,
+        "repetition_penalty": args.repetition_penalty,
+        "sampling": sampling_options(args) if hasattr(args, "sampling") else None,
+        "glossary": read_glossary(args.glossary) if args.glossary else None,
+    }
+    changes = {k: v for k, v in changes.items() if v is not None}
+    Decoding(beam_size=max(changes.get("beam_size", 1), changes.get("n_best", 1))).replace(**changes)  # the checks
+    return changes
+
+
+def _write_translations(out: TextIO, translator, lines: list[str], first: int, **kwargs) -> None:
+    n_best = kwargs.get("n_best", 1)
     if n_best > 1:
         # K lines per input sentence: index, score, translation (tab-separated), best first.
-        for i, hyps in enumerate(translator.translate_n_best(lines, n_best, **kwargs), first):
+        for i, hyps in enumerate(translator.translate_n_best(lines, **kwargs), first):
             for text, score in hyps:
                 out.write(f"{i}\t{score:.4f}\t{text}\n")
     else:
@@ -89,39 +112,41 @@ def cmd_translate(args: argparse.Namespace) -> None:
     from nanomt.data import read_lines, stream_lines
     from nanomt.translate import Translator
 
-    sampling = sampling_options(args)
+    changes = decoding_changes(args)  # refused before the model is loaded
+    prefixes = read_lines(args.prefix_file) if args.prefix_file else None
     check_device(args.device)
     translator = Translator.from_checkpoints(args.checkpoints, device=args.device, int8=args.int8)
-    kwargs = {"beam_size": args.beam, "max_tokens": args.max_tokens}
-    if args.length_penalty is not None:
-        kwargs["length_penalty"] = args.length_penalty
-    if sampling is not None:
-        kwargs["sampling"] = sampling
     with _output(args.output) as out:
         if not args.input and sys.stdin.isatty():
+            if prefixes is not None:
+                raise ValueError("--prefix-file needs --input (a prefix a line of the input)")
             # A person typing: each line is translated as soon as it is entered, not at the end of the input.
             for i, line in enumerate(stream_lines(sys.stdin.buffer)):
-                _write_translations(out, translator, [line], args.n_best, i, **kwargs)
+                _write_translations(out, translator, [line], i, max_tokens=args.max_tokens, **changes)
                 out.flush()
         else:
             lines = read_lines(args.input) if args.input else list(stream_lines(sys.stdin.buffer))
-            progress = sys.stderr.isatty()
-            _write_translations(out, translator, lines, args.n_best, 0, progress=progress, **kwargs)
+            if prefixes is not None and len(prefixes) != len(lines):
+                raise ValueError(f"--prefix-file has {len(prefixes)} lines, the input {len(lines)}: one prefix a line")
+            kwargs = {"max_tokens": args.max_tokens, "progress": sys.stderr.isatty(), **changes}
+            _write_translations(out, translator, lines, 0, **kwargs, **({"prefixes": prefixes} if prefixes else {}))
 
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
     from nanomt.evaluate import evaluate
     from nanomt.translate import Translator
 
+    changes = decoding_changes(args)
     check_device(args.device)
     translator = Translator.from_checkpoints(args.checkpoints, device=args.device, int8=args.int8)
     report = evaluate(
         translator,
         args.src,
         args.ref,
-        beam_size=args.beam,
         save_hyp=args.save_hyp,
         progress=sys.stderr.isatty() and not args.json,
+        max_tokens=args.max_tokens,
+        **changes,
     )
     if args.json:
         print(json.dumps(report))
@@ -244,6 +269,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
             file=sys.stderr,
         )
         sys.exit(1)
+    from nanomt.glossary import read_glossary
+
     for flag, value, least in [
         ("--max-batch-tokens", args.max_batch_tokens, 1),
         ("--max-wait-ms", args.max_wait_ms, 0),
@@ -269,6 +296,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
         timeout=args.timeout,
         api_key=args.api_key,
         access_logs=not args.no_access_log,
+        glossary=read_glossary(args.glossary) if args.glossary else (),
     )
 
 
@@ -294,6 +322,33 @@ def package_version() -> str:
         return getattr(nanomt, "__version__", "unknown")
 
 
+def add_search_flags(s: argparse.ArgumentParser) -> None:
+    """The flags that change a checkpoint's decoding settings (its decode section) for one command."""
+    s.add_argument("--beam", type=int, default=None, help="beam size (default: the checkpoint's decode.beam_size)")
+    s.add_argument(
+        "--length-penalty", type=float, default=None, help="beam search's length penalty (default: the checkpoint's)"
+    )
+    s.add_argument("--min-len", type=int, default=None, help="no EOS before this many tokens (decode.min_len)")
+    s.add_argument("--max-len-a", type=float, default=None, help="budget: int(a * source tokens + b) (decode)")
+    s.add_argument("--max-len-b", type=int, default=None, help="budget: int(a * source tokens + b) (decode)")
+    s.add_argument(
+        "--no-repeat-ngram-size", type=int, default=None, metavar="N", help="no N-gram twice in a translation (0: off)"
+    )
+    s.add_argument(
+        "--repetition-penalty",
+        type=float,
+        default=None,
+        metavar="P",
+        help="divide the scores of tokens already written by P (> 1 discourages repeats; 1: off)",
+    )
+    s.add_argument(
+        "--glossary",
+        metavar="FILE",
+        help="'source term<TAB>target term' lines: a term found in a sentence puts its target term in the translation",
+    )
+    s.add_argument("--max-tokens", type=int, default=None, help="source tokens per batch")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nanomt", description="The original Transformer for machine translation.")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging, and tracebacks instead of errors")
@@ -316,12 +371,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT", help=ENSEMBLE_HELP)
     s.add_argument("--input", "-i", help="input file (default stdin)")
     s.add_argument("--output", "-o", help="output file (default stdout), replaced only once every line is translated")
-    s.add_argument("--beam", type=int, default=None, help="beam size (default: the checkpoint's decode.beam_size)")
     s.add_argument("--n-best", type=int, default=1, help="print the K best: 'index<TAB>score<TAB>text' lines")
+    add_search_flags(s)
     s.add_argument(
-        "--length-penalty", type=float, default=None, help="beam search's length penalty (default: the checkpoint's)"
+        "--prefix-file",
+        metavar="FILE",
+        help="one target prefix a line of the input: each translation starts with its line, the model goes on",
     )
-    s.add_argument("--max-tokens", type=int, default=None, help="source tokens per batch")
     s.add_argument(
         "--sampling",
         action="store_true",
@@ -362,7 +418,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT", help=ENSEMBLE_HELP)
     s.add_argument("--src", required=True, help="source sentences, one a line")
     s.add_argument("--ref", required=True, help="reference translations, line-aligned with --src")
-    s.add_argument("--beam", type=int, default=None, help="beam size (default: the checkpoint's decode.beam_size)")
+    add_search_flags(s)
     s.add_argument("--save-hyp", help="write the translations to this file")
     s.add_argument("--json", action="store_true", help="print one JSON object")
     s.add_argument("--device", default="cpu", help=DEVICE_HELP)
@@ -482,6 +538,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="decode every request alone behind one lock, without the batching queue (to compare with)",
     )
     s.add_argument("--no-access-log", action="store_true", help="no JSON access log lines on stderr")
+    s.add_argument(
+        "--glossary", metavar="FILE", help="the default glossary ('source term<TAB>target term' lines) of every request"
+    )
     s.add_argument("--device", default="cpu", help=DEVICE_HELP)
     s.add_argument("--int8", action="store_true", help=INT8_HELP)
     s.set_defaults(func=cmd_serve)

@@ -44,6 +44,8 @@ from pydantic_core import PydanticCustomError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from nanomt.batching import Batch, Batcher, Closed, JobTimeout, QueueFull
+from nanomt.decoding import Decoding
+from nanomt.glossary import Glossary, checked, has_terms
 from nanomt.translate import Translator
 
 log = logging.getLogger("nanomt.serve")
@@ -86,11 +88,26 @@ class TranslateRequest(BaseModel):
     seed: StrictInt | None = Field(
         default=None, ge=0, lt=2**64, description="makes sampling reproducible (default: a fresh draw)"
     )
+    prefix: list[Text | None] | None = Field(
+        default=None, description="per sentence, target text its translation starts with (null: none)"
+    )
+    glossary: list[tuple[Text, Text]] | dict[Text, Text] | None = Field(
+        default=None, description="[source term, target term] pairs (or an object): terms the translations use"
+    )
+    no_repeat_ngram_size: StrictInt | None = Field(default=None, ge=0, description="no n-gram twice (0: off)")
+    repetition_penalty: StrictFloat | None = Field(
+        default=None, gt=0, allow_inf_nan=False, description="> 1 discourages repeated tokens (1: off)"
+    )
     api_key: StrictStr | None = Field(default=None, description="the server's API key, when it asks for one")
 
     @field_validator("text", mode="before")
     @classmethod
     def _one_string_is_a_list(cls, v):
+        return [v] if isinstance(v, str) else v
+
+    @field_validator("prefix", mode="before")
+    @classmethod
+    def _one_prefix_is_a_list(cls, v):
         return [v] if isinstance(v, str) else v
 
     @model_validator(mode="after")
@@ -104,7 +121,23 @@ class TranslateRequest(BaseModel):
             raise PydanticCustomError(
                 "beam_with_sampling", "beam_size: sampling draws one translation, so beam_size must be 1 or left out"
             )
+        if self.prefix is not None and len(self.prefix) != len(self.text):
+            raise PydanticCustomError(
+                "prefix_count", "prefix: one entry per sentence ({n} sentences, {m} prefixes)",
+                {"n": len(self.text), "m": len(self.prefix)},
+            )  # fmt: skip
         return self
+
+    def decoding(self, defaults: Decoding) -> Decoding:
+        """The request's settings over the server's: built and checked here, where the request enters."""
+        pairs = self.glossary.items() if isinstance(self.glossary, dict) else self.glossary
+        return defaults.replace(
+            beam_size=self.beam_size,
+            sampling=self.sampling(),
+            no_repeat_ngram_size=self.no_repeat_ngram_size,
+            repetition_penalty=self.repetition_penalty,
+            glossary=None if pairs is None else checked(list(pairs), "glossary"),
+        )
 
     def sampling(self) -> dict | None:
         """The keyword arguments of decode.sample, or None to search (greedy or beam)."""
@@ -119,6 +152,8 @@ class TranslateResponse(BaseModel):
 
     translations: list[str]
     seconds: float
+    # sentences whose glossary terms could not all be placed (within the length limit): translated without them
+    terms_missed: list[int] | None = None
 
 
 class AttentionRequest(BaseModel):
@@ -518,6 +553,7 @@ def create_app(
     timeout: float | None = 60.0,
     api_key: str | None = None,
     languages: tuple[str, str] | None = None,
+    glossary: Glossary = (),
 ) -> FastAPI:
     """The FastAPI app serving `translator`: nanomt's API, LibreTranslate's, the page, /health, /ready, /metrics.
 
@@ -531,16 +567,21 @@ def create_app(
     api_key = api_key or None  # an empty key is no key
     source, target = languages or language_codes(translator)
     budget = max_batch_tokens or translator.cfg.decode.max_tokens
+    defaults = translator.default_decoding.replace(beam_size=default_beam, glossary=glossary)
 
     def run(key: tuple, items: list) -> list:
         """Decode one batch: every item shares the key's settings. One thread at a time (the worker, or the lock)."""
-        if key[0] == "search":
-            return translator.translate(items, beam_size=key[1], max_tokens=max_batch_tokens)
-        if key[0] == "sample":
-            return translator.translate(items, sampling=dict(key[1]), max_tokens=max_batch_tokens)
+        if key[0] == "translate":  # items: (text, prefix or None)
+            texts, prefixes = [t for t, _ in items], [p for _, p in items]
+            prefixes = prefixes if any(prefixes) else None
+            return translator.translate(texts, decoding=key[1], max_tokens=max_batch_tokens, prefixes=prefixes)
         if key[0] == "attention":
             return [translator.attention(items[0], beam_size=key[1])]
         raise ValueError(f"unknown kind of job {key[0]!r}")
+
+    def translate_key(decoding: Decoding) -> tuple:
+        # A seeded sample repeats only in a batch of its own: a key nobody else has. Equal settings share one.
+        return ("translate", decoding, object() if decoding.decode_alone else None)
 
     metrics = ServerMetrics(lambda: engine.depth())
     if batching:
@@ -566,7 +607,8 @@ def create_app(
     _add_error_handlers(app)
     _openapi_bodies(app)
 
-    def count_tokens(texts: list[str]) -> int:
+    def count_tokens(items: list) -> int:
+        texts = [item if isinstance(item, str) else item[0] for item in items]
         return sum(len(ids) + 1 for ids in translator.tokenizer.encode_src(texts))  # +1: EOS
 
     async def decode(request: Request, key: tuple, texts: list[str]) -> list:
@@ -603,16 +645,17 @@ def create_app(
     async def nanomt_translate(request: Request, req: TranslateRequest) -> TranslateResponse:
         check_key(request, req.api_key)
         _check_size(req.text, max_sentences, max_chars)
-        sampling = req.sampling()
-        if sampling is None:
-            key = ("search", req.beam_size or default_beam)
-        else:
-            # A seed makes the draw depend on the batch (decode.sample reseeds per batch), so a seeded request
-            # is decoded alone: exactly the Translator's output for it. Unseeded draws share a batch.
-            key = ("sample", tuple(sorted(sampling.items())), object() if "seed" in sampling else None)
+        try:
+            decoding = req.decoding(defaults)
+            translator.check(req.text, decoding, req.prefix)
+        except ValueError as e:
+            raise HTTPException(400, str(e)) from None
         start = time.perf_counter()
-        out = await decode(request, key, req.text)
-        return TranslateResponse(translations=out, seconds=round(time.perf_counter() - start, 4))
+        prefixes = req.prefix or [None] * len(req.text)
+        out = await decode(request, translate_key(decoding), list(zip(req.text, prefixes)))
+        missed = [i for i, (text, t) in enumerate(zip(req.text, out)) if not has_terms(decoding.glossary, text, t)]
+        seconds = round(time.perf_counter() - start, 4)
+        return TranslateResponse(translations=out, seconds=seconds, terms_missed=missed or None)
 
     def check_languages(src: str, tgt: str) -> None:
         if src not in ("auto", source):
@@ -628,13 +671,14 @@ def create_app(
         if req.format == "html":
             docs = [html_texts(t) for t in texts]
             pieces = [pieces[i] for pieces, todo in docs for i in todo]
-            done = await decode(request, ("search", default_beam), [" ".join(html.unescape(p).split()) for p in pieces])
+            texts_of = [(" ".join(html.unescape(p).split()), None) for p in pieces]
+            done = await decode(request, translate_key(defaults), texts_of)
             out, at = [], 0
             for pieces, todo in docs:
                 out.append(html_join(pieces, todo, done[at : at + len(todo)]))
                 at += len(todo)
         else:
-            out = await decode(request, ("search", default_beam), texts)
+            out = await decode(request, translate_key(defaults), [(t, None) for t in texts])
         detected = None
         if req.source == "auto":
             detected = {"confidence": 100.0, "language": source}
@@ -751,6 +795,7 @@ def serve(
     timeout: float | None = 60.0,
     api_key: str | None = None,
     access_logs: bool = True,
+    glossary: Glossary = (),
 ) -> None:
     """Load a checkpoint and serve it with uvicorn; SIGTERM or Ctrl-C stops accepting, answers what came in, exits."""
     import uvicorn
@@ -766,6 +811,7 @@ def serve(
         queue_size=queue_size,
         timeout=timeout,
         api_key=api_key,
+        glossary=glossary,
     )
     if access_logs:
         _json_logs()

@@ -17,6 +17,7 @@ import torch
 from conftest import NANOMT, tiny_config
 
 from nanomt.config import config_from_dict
+from nanomt.decoding import Sampling
 from nanomt.train import train
 from nanomt.translate import Translator
 
@@ -398,9 +399,13 @@ def test_batching_returns_each_request_its_own_translations(translator, many):
     assert len(calls) == 6, [(len(t), k) for t, k in calls]
     for beam in (1, 2, 3):
         texts = [t for r in requests if r.get("beam_size") == beam for t in r["text"]]
-        [batch] = [t for t, k in calls if k.get("beam_size") == beam and "attention" not in k]
+        [batch] = [
+            t
+            for t, k in calls
+            if "attention" not in k and (k["decoding"].sampling, k["decoding"].beam_size) == (None, beam)
+        ]
         assert sorted(batch) == sorted(texts) and len(batch) > 5 * 8 // 3  # many requests in one batch
-    [seeded] = [t for t, k in calls if (k.get("sampling") or {}).get("seed") == 11]
+    [seeded] = [t for t, k in calls if "decoding" in k and (k["decoding"].sampling or Sampling()).seed == 11]
     assert seeded == requests[-2]["text"]
 
 
