@@ -262,7 +262,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
 def cmd_serve(args: argparse.Namespace) -> None:
     check_device(args.device)
     try:
-        from nanomt.serve import serve
+        from nanomt.serve import ModelSpec, ServeConfig, serve
     except ImportError as e:  # fastapi and uvicorn are an optional extra
         print(
             f"nanomt: error: serve needs FastAPI, uvicorn and prometheus_client ({e}); pip install 'nanomt[serve]'",
@@ -271,33 +271,25 @@ def cmd_serve(args: argparse.Namespace) -> None:
         sys.exit(1)
     from nanomt.glossary import read_glossary
 
-    for flag, value, least in [
-        ("--max-batch-tokens", args.max_batch_tokens, 1),
-        ("--max-wait-ms", args.max_wait_ms, 0),
-        ("--queue-size", args.queue_size, 1),
-    ]:
-        if value is not None and value < least:
-            print(f"nanomt: error: {flag} must be >= {least}, got {value}", file=sys.stderr)
-            sys.exit(2)
-    if args.timeout <= 0:
-        print(f"nanomt: error: --timeout must be > 0 seconds, got {args.timeout}", file=sys.stderr)
-        sys.exit(2)
-    serve(
-        args.checkpoint,
+    config = ServeConfig(
         host=args.host,
         port=args.port,
-        beam_size=args.beam,
+        default_beam=args.beam,
         max_batch_tokens=args.max_batch_tokens,
-        device=args.device,
-        int8=args.int8,
         batching=not args.one_lock,
         max_wait_ms=args.max_wait_ms,
         queue_size=args.queue_size,
         timeout=args.timeout,
         api_key=args.api_key,
-        access_logs=not args.no_access_log,
         glossary=read_glossary(args.glossary) if args.glossary else (),
+        pivot=args.pivot,
+        max_loaded=args.max_loaded,
+        device=args.device,
+        int8=args.int8,
+        access_log=not args.no_access_log,
+        models=tuple(ModelSpec.parse(m) for m in args.checkpoints),
     )
+    serve(config)
 
 
 ENSEMBLE_HELP = (
@@ -347,6 +339,76 @@ def add_search_flags(s: argparse.ArgumentParser) -> None:
         help="'source term<TAB>target term' lines: a term found in a sentence puts its target term in the translation",
     )
     s.add_argument("--max-tokens", type=int, default=None, help="source tokens per batch")
+
+
+def add_serve_flags(s: argparse.ArgumentParser) -> None:
+    """`nanomt serve`'s flags; their defaults are ServeConfig's."""
+    from nanomt.serve.settings import ServeConfig
+
+    d = ServeConfig()
+    s.add_argument(
+        "checkpoints",
+        nargs="+",
+        metavar="CHECKPOINT",
+        help="a run to serve, or SRC-TGT=RUN to name its language pair (else its config's); one a language pair",
+    )
+    s.add_argument("--host", default=d.host, help=f"address to bind (default {d.host}: this machine only)")
+    s.add_argument("--port", type=int, default=d.port, help=f"port to listen on (default {d.port})")
+    s.add_argument("--beam", type=int, default=d.default_beam, help="default beam size (default: each model's)")
+    s.add_argument(
+        "--max-batch-tokens",
+        type=int,
+        default=d.max_batch_tokens,
+        help="source tokens per decoding batch: requests waiting together share one up to this budget "
+        "(default: the first model's decode.max_tokens)",
+    )
+    s.add_argument(
+        "--max-wait-ms",
+        type=float,
+        default=d.max_wait_ms,
+        help=f"how long the oldest waiting request may wait for others to share its batch (default {d.max_wait_ms:g})",
+    )
+    s.add_argument(
+        "--queue-size",
+        type=int,
+        default=d.queue_size,
+        help=f"requests that may wait; one more is answered 503 with Retry-After (default {d.queue_size})",
+    )
+    s.add_argument(
+        "--timeout",
+        type=float,
+        default=d.timeout,
+        help=f"seconds a request may take; past it the answer is 504, its sentences dropped (default {d.timeout:g})",
+    )
+    s.add_argument(
+        "--api-key",
+        default=None,
+        help="require this key (body api_key, or the header Authorization: Bearer KEY) on /translate, /attention "
+        "and /detect; default: the environment variable NANOMT_API_KEY, else no key (prefer the variable: "
+        "a command line is visible to other users of the machine)",
+    )
+    s.add_argument(
+        "--one-lock",
+        action="store_true",
+        help="decode every request alone, never in a batch shared with others (to compare with)",
+    )
+    s.add_argument("--no-access-log", action="store_true", help="no JSON access log lines on stderr")
+    s.add_argument(
+        "--glossary", metavar="FILE", help="the default glossary ('source term<TAB>target term' lines) of every request"
+    )
+    s.add_argument(
+        "--pivot",
+        default=d.pivot,
+        help=f"a pair no model translates goes through this language, with two models (default {d.pivot})",
+    )
+    s.add_argument(
+        "--max-loaded",
+        type=int,
+        default=d.max_loaded,
+        help="models in memory at once; past it the least recently used is unloaded (default: all, loaded at start)",
+    )
+    s.add_argument("--device", default=d.device, help=DEVICE_HELP)
+    s.add_argument("--int8", action="store_true", help=INT8_HELP)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -495,54 +557,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--pairs", type=int, default=None, help="training pairs (default: the demo's)")
     s.set_defaults(func=cmd_demo)
 
-    s = sub.add_parser("serve", help="HTTP JSON API and a web page to translate and see attention")
-    s.add_argument("checkpoint", help=CHECKPOINT_HELP)
-    s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    s.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
-    s.add_argument("--beam", type=int, default=None, help="default beam size (default: the checkpoint's)")
-    s.add_argument(
-        "--max-batch-tokens",
-        type=int,
-        default=None,
-        help="source tokens per decoding batch: requests waiting together share one up to this budget "
-        "(default: the checkpoint's decode.max_tokens)",
+    s = sub.add_parser(
+        "serve", help="HTTP JSON API (nanomt's and LibreTranslate's) and a web page, for one or more models"
     )
-    s.add_argument(
-        "--max-wait-ms",
-        type=float,
-        default=5.0,
-        help="how long the oldest waiting request may wait for others to share its batch (default 5)",
-    )
-    s.add_argument(
-        "--queue-size",
-        type=int,
-        default=256,
-        help="requests that may wait for the model; one more is answered 503 with Retry-After (default 256)",
-    )
-    s.add_argument(
-        "--timeout",
-        type=float,
-        default=60.0,
-        help="seconds a request may take; past it the answer is 504 and its sentences are dropped (default 60)",
-    )
-    s.add_argument(
-        "--api-key",
-        default=None,
-        help="require this key (body api_key, or the header Authorization: Bearer KEY) on /translate, /attention "
-        "and /detect; default: the environment variable NANOMT_API_KEY, else no key (prefer the variable: "
-        "a command line is visible to other users of the machine)",
-    )
-    s.add_argument(
-        "--one-lock",
-        action="store_true",
-        help="decode every request alone behind one lock, without the batching queue (to compare with)",
-    )
-    s.add_argument("--no-access-log", action="store_true", help="no JSON access log lines on stderr")
-    s.add_argument(
-        "--glossary", metavar="FILE", help="the default glossary ('source term<TAB>target term' lines) of every request"
-    )
-    s.add_argument("--device", default="cpu", help=DEVICE_HELP)
-    s.add_argument("--int8", action="store_true", help=INT8_HELP)
+    add_serve_flags(s)
     s.set_defaults(func=cmd_serve)
     return p
 

@@ -180,15 +180,11 @@ def constrained_beam_search(
         totals = live.view(-1, 1) + log_probs  # (R, K)
         rows, parents, next_tokens, next_progress, keep = [], [], [], [], []
         for i, s in enumerate(sentences):
-            span = range(i * k, (i + 1) * k)
-            cands = _candidates(totals, log_probs, span, progress, limits[s] <= step + 1, eos_id, space)
-            for c in cands:
-                if c.ends and c.progress.done:
-                    ended = history[c.row].tolist() + ([] if c.token == eos_id else [c.token])
-                    finished[s].append(Hypothesis(ended, score(c.total, step + 1), c.total))
-            finished[s] = sorted(finished[s], key=lambda h: -h.score)[:k]
+            span, at_limit = range(i * k, (i + 1) * k), limits[s] <= step + 1
+            cands = _candidates(totals, log_probs, span, progress, at_limit, eos_id, space)
+            finished[s] = _finish(finished[s], cands, history, k, lambda lp, n=step + 1: score(lp, n), eos_id)
             chosen = _allocate(cands, k)
-            if _done(finished[s], chosen, k, limits[s] <= step + 1, bound(step)):
+            if _done(finished[s], chosen, k, at_limit, bound(step)):
                 continue
             chosen += [None] * (k - len(chosen))  # dead beams: -inf, any parent
             keep.append(i)
@@ -212,21 +208,21 @@ def constrained_beam_search(
     unmet = [i for i, ok in enumerate(met) if not ok]
     if unmet:  # the best the model can do without the phrases, said so by `met`
         index = torch.tensor(unmet, device=device)
-        plain = beam_search(
-            model,
-            src.index_select(0, index),
-            beam_size,
-            max_len,
-            min_len,
-            length_penalty,
-            length_penalty_kind,
-            n_best,
-            early_stopping=early_stopping,
-            rules=[rule.select(index) for rule in extra],
-        )
+        settings = (min_len, length_penalty, length_penalty_kind, n_best)
+        part, part_rules = src.index_select(0, index), [rule.select(index) for rule in extra]
+        plain = beam_search(model, part, beam_size, max_len, *settings, early_stopping=early_stopping, rules=part_rules)
         for i, hyps in zip(unmet, plain):
             out[i] = hyps
     return out, met
+
+
+def _finish(hyps: list[Hypothesis], cands: list[_Candidate], history: Tensor, k: int, score, eos_id: int) -> list:
+    """The sentence's best k finished hypotheses, with the candidates that end having met every phrase."""
+    for c in cands:
+        if c.ends and c.progress.done:
+            ended = history[c.row].tolist() + ([] if c.token == eos_id else [c.token])
+            hyps.append(Hypothesis(ended, score(c.total), c.total))
+    return sorted(hyps, key=lambda h: -h.score)[:k]
 
 
 def _done(hyps: list[Hypothesis], live: list[_Candidate], k: int, at_limit: bool, bound) -> bool:

@@ -37,6 +37,54 @@ class SentenceAttention:
     cross: list[np.ndarray]  # per layer (H, T, S)
 
 
+def source_ids(tokenizer: Tokenizer, cfg: Config, sentences: list[str]) -> list[list[int]]:
+    """Each sentence's ids and EOS ([] for an empty line), cut to the model's positions (a warning says so)."""
+    limit = cfg.model.max_positions - 1  # the source gets an EOS
+    ids = tokenizer.encode_src(sentences)
+    too_long = sum(len(s) > limit for s in ids)
+    if too_long:
+        log.warning("%d input line(s) longer than %d tokens were truncated", too_long, limit)
+    return [s[:limit] + [cfg.model.eos_id] if s else [] for s in ids]
+
+
+def prepare(
+    tokenizer: Tokenizer, cfg: Config, sentences: list[str], decoding: Decoding, prefixes: list[str] | None
+) -> tuple[list, list, list]:
+    """Per sentence: source ids (EOS included), prefix ids and glossary phrase ids; ValueError naming what does not
+    fit (a prefix past its sentence's length limit, a term the vocabulary cannot write)."""
+    ids = source_ids(tokenizer, cfg, sentences)
+    targets = prefix_ids(tokenizer, prefixes, len(sentences))
+    for i, (src, prefix) in enumerate(zip(ids, targets)):
+        budget = decoding.max_len(len(src) - 1, cfg.model.max_positions)
+        if src and prefix and len(prefix) >= budget:
+            raise ValueError(
+                f"sentence {i + 1}: its prefix of {len(prefix)} tokens does not fit its length limit ({budget})"
+            )
+    return ids, targets, phrase_ids(tokenizer, sentences, decoding)
+
+
+def prefix_ids(tokenizer: Tokenizer, prefixes: list[str] | None, n: int) -> list[list[int]]:
+    """Each sentence's forced target prefix as ids ([] for none)."""
+    if prefixes is None:
+        return [[] for _ in range(n)]
+    if len(prefixes) != n:
+        raise ValueError(f"{len(prefixes)} prefixes for {n} sentences")
+    return [ids if p else [] for p, ids in zip(prefixes, tokenizer.encode_tgt([p or "" for p in prefixes]))]
+
+
+def phrase_ids(tokenizer: Tokenizer, sentences: list[str], decoding: Decoding) -> list[list[list[int]]]:
+    """Per sentence, the target ids of each glossary term its translation must contain."""
+    if not decoding.glossary:
+        return [[] for _ in sentences]
+    terms = [required_terms(decoding.glossary, s) for s in sentences]
+    unique = sorted({t for ts in terms for t in ts})
+    ids = dict(zip(unique, tokenizer.encode_tgt(unique)))
+    for term in unique:
+        if not ids[term] or tokenizer.unk_id in ids[term]:
+            raise ValueError(f"glossary term {term!r}: the model's vocabulary cannot write it (unknown pieces)")
+    return [[ids[t] for t in ts] for ts in terms]
+
+
 class Translator:
     """A model with its tokenizer and decoding defaults: `translate(list_of_str) -> list_of_str`."""
 
@@ -59,8 +107,6 @@ class Translator:
         self.tokenizer = tokenizer
         self.cfg = cfg
         self.device = torch.device(device)
-        # The source gets an EOS, so it may hold one token less than the model's positions.
-        self.max_src_tokens = cfg.model.max_positions - 1
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str | torch.device = "cpu", int8: bool = False) -> Translator:
@@ -87,11 +133,7 @@ class Translator:
         return cls(ensemble, tokenizer, dataclasses.replace(cfg, model=ensemble.cfg), device, int8)
 
     def _encode(self, sentences: list[str]) -> list[list[int]]:
-        ids = self.tokenizer.encode_src(sentences)
-        too_long = sum(len(s) > self.max_src_tokens for s in ids)
-        if too_long:
-            log.warning("%d input line(s) longer than %d tokens were truncated", too_long, self.max_src_tokens)
-        return [s[: self.max_src_tokens] + [self.cfg.model.eos_id] if s else [] for s in ids]
+        return source_ids(self.tokenizer, self.cfg, sentences)
 
     def _max_len(self, src_len: int) -> int:
         return self.default_decoding.max_len(src_len, self.cfg.model.max_positions)
@@ -117,7 +159,7 @@ class Translator:
         (Decoding's fields; None leaves one as it is); `prefixes`: per sentence, text the translation starts with.
         """
         decoding = (decoding or self.default_decoding).replace(**settings)
-        ids, targets, phrases = self._inputs(sentences, decoding, prefixes)
+        ids, targets, phrases = prepare(self.tokenizer, self.cfg, sentences, decoding, prefixes)
         lens = np.array([len(s) for s in ids])
         results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] for _ in ids]
         todo = np.flatnonzero(lens > 0)  # empty lines translate to empty lines
@@ -137,41 +179,9 @@ class Translator:
         bar.close()
         return results
 
-    def _inputs(self, sentences: list[str], decoding: Decoding, prefixes: list[str] | None) -> tuple[list, list, list]:
-        """Per sentence: source ids (EOS included), prefix ids and glossary phrase ids, checked against the limits."""
-        ids = self._encode(sentences)
-        targets = self._prefixes(prefixes, len(sentences))
-        for i, (src, prefix) in enumerate(zip(ids, targets)):
-            budget = decoding.max_len(len(src) - 1, self.cfg.model.max_positions)
-            if src and prefix and len(prefix) >= budget:
-                raise ValueError(
-                    f"sentence {i + 1}: its prefix of {len(prefix)} tokens does not fit its length limit ({budget})"
-                )
-        return ids, targets, self._phrases(sentences, decoding)
-
     def check(self, sentences: list[str], decoding: Decoding, prefixes: list[str] | None = None) -> None:
         """Raise ValueError, naming the problem, for inputs `translate` refuses (a server checks before queueing)."""
-        self._inputs(sentences, decoding, prefixes)
-
-    def _prefixes(self, prefixes: list[str] | None, n: int) -> list[list[int]]:
-        """Each sentence's forced target prefix as ids ([] for none)."""
-        if prefixes is None:
-            return [[] for _ in range(n)]
-        if len(prefixes) != n:
-            raise ValueError(f"{len(prefixes)} prefixes for {n} sentences")
-        return [ids if p else [] for p, ids in zip(prefixes, self.tokenizer.encode_tgt([p or "" for p in prefixes]))]
-
-    def _phrases(self, sentences: list[str], decoding: Decoding) -> list[list[list[int]]]:
-        """Per sentence, the target ids of each glossary term its translation must contain."""
-        if not decoding.glossary:
-            return [[] for _ in sentences]
-        terms = [required_terms(decoding.glossary, s) for s in sentences]
-        unique = sorted({t for ts in terms for t in ts})
-        ids = dict(zip(unique, self.tokenizer.encode_tgt(unique)))
-        for term in unique:
-            if not ids[term] or self.tokenizer.unk_id in ids[term]:
-                raise ValueError(f"glossary term {term!r}: the model's vocabulary cannot write it (unknown pieces)")
-        return [[ids[t] for t in ts] for ts in terms]
+        prepare(self.tokenizer, self.cfg, sentences, decoding, prefixes)
 
     def translate(self, sentences: list[str], decoding: Decoding | None = None, **kwargs) -> list[str]:
         """One translation per input sentence, in order."""

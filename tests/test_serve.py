@@ -1,5 +1,6 @@
 """nanomt serve: the JSON API via TestClient, a load test on a real server process, the page in headless Chromium."""
 
+import hmac
 import html
 import json
 import os
@@ -32,7 +33,6 @@ pytest.importorskip("prometheus_client", reason=SERVE_EXTRA)
 from fastapi.testclient import TestClient  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-import nanomt.serve  # noqa: E402
 from nanomt.quantize import quantize_int8  # noqa: E402
 from nanomt.serve import create_app  # noqa: E402
 
@@ -544,8 +544,8 @@ def test_libretranslate_requests_and_responses(client, translator, sentences):
 
 def test_api_key(translator, sentences, monkeypatch):
     compared = []
-    real = nanomt.serve.hmac.compare_digest
-    monkeypatch.setattr(nanomt.serve.hmac, "compare_digest", lambda a, b: compared.append(1) or real(a, b))
+    real = hmac.compare_digest
+    monkeypatch.setattr(hmac, "compare_digest", lambda a, b: compared.append(1) or real(a, b))
     with TestClient(create_app(translator, api_key="s3cret")) as c:
         lt = {"q": sentences[0], "source": "auto", "target": "tgt"}
         for res in [
