@@ -281,6 +281,9 @@ def cmd_serve(args: argparse.Namespace) -> None:
         queue_size=args.queue_size,
         timeout=args.timeout,
         api_key=args.api_key,
+        keys_file=args.keys_file,
+        req_limit=args.req_limit,
+        char_limit=args.char_limit,
         glossary=read_glossary(args.glossary) if args.glossary else (),
         pivot=args.pivot,
         max_loaded=args.max_loaded,
@@ -386,6 +389,15 @@ def add_serve_flags(s: argparse.ArgumentParser) -> None:
         help="require this key (body api_key, or the header Authorization: Bearer KEY) on /translate, /attention "
         "and /detect; default: the environment variable NANOMT_API_KEY, else no key (prefer the variable: "
         "a command line is visible to other users of the machine)",
+    )
+    s.add_argument(
+        "--keys-file",
+        metavar="FILE",
+        help="API keys, hashed, with limits of their own (`python -m nanomt.keys new` writes a line; docs/serving.md)",
+    )
+    s.add_argument("--req-limit", type=int, default=d.req_limit, help="a key's requests a minute, unless its line says")
+    s.add_argument(
+        "--char-limit", type=int, default=d.char_limit, help="a key's characters a request, unless its line says"
     )
     s.add_argument(
         "--one-lock",

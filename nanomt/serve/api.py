@@ -72,14 +72,14 @@ def add_routes(app: FastAPI, server) -> None:
         if isinstance(body, dict) and "q" in body and "text" not in body:
             return await libretranslate.translate(server, request, validate(libretranslate.LibreTranslateRequest, body))
         req = validate(TranslateRequest, body)
-        server.check_key(request, req.api_key)
+        server.check_key(request, req.api_key, sum(map(len, req.text)))
         check_size(req.text, server.config.max_sentences, server.config.max_chars)
         return await translate_texts(server, request, req)
 
     @app.post("/attention", response_model=AttentionResponse, responses=ERRORS)
     async def attention(request: Request, req: AttentionRequest) -> AttentionResponse:
         """Translate one sentence and return its cross-attention, every layer and head."""
-        server.check_key(request, req.api_key)
+        server.check_key(request, req.api_key, len(req.text))
         check_size([req.text], 1, server.config.max_chars)
         model = _one_model(server, req)
         start = time.perf_counter()

@@ -19,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from nanomt.batching import Batcher, Closed, JobTimeout, QueueFull
 from nanomt.decoding import Decoding
+from nanomt.keys import KeyRing, Limits, RateLimiter
 from nanomt.serve import api, libretranslate
 from nanomt.serve.errors import add_error_handlers, error
 from nanomt.serve.metrics import ServerMetrics, add_observer
@@ -44,6 +45,9 @@ class Server:
         self.engine = Batcher(
             self.run, budget, config.max_wait_ms / 1000, config.queue_size, self.metrics.batch, shared=config.batching
         )
+        defaults = Limits(config.req_limit, config.char_limit)
+        self.keys = KeyRing.load(config.keys_file, defaults) if config.keys_file else None
+        self.limiter = RateLimiter()
 
     def defaults(self, model: Model) -> Decoding:
         """A model's settings for requests that change none: its config's, with the server's beam and glossary."""
@@ -85,17 +89,39 @@ class Server:
             job.future.cancel()  # not decoded yet: dropped from every later batch
             raise HTTPException(504, f"not translated within the server's timeout of {timeout:g} s") from None
 
-    def check_key(self, request: Request, given: str | None) -> None:
-        """403 unless the request carries the server's key (body api_key, Authorization: Bearer, or X-API-Key)."""
-        key = self.config.api_key
-        if key is None:
+    @property
+    def key_required(self) -> bool:
+        return self.config.api_key is not None or self.keys is not None
+
+    def check_key(self, request: Request, given: str | None, chars: int = 0) -> None:
+        """403 unless the request carries a key of the server (body api_key, Authorization: Bearer, or X-API-Key);
+        with a keys file, 413 past the key's characters a request and 429 (Retry-After) past its requests a minute."""
+        if not self.key_required:
             return
         auth = request.headers.get("authorization", "")
         given = given or (auth[7:].strip() if auth[:7].lower() == "bearer " else request.headers.get("x-api-key"))
-        if not given or not hmac.compare_digest(
-            given.encode("utf-8", "surrogatepass"), key.encode("utf-8", "surrogatepass")
+        key = self.config.api_key
+        if (
+            key is not None
+            and given
+            and hmac.compare_digest(given.encode("utf-8", "surrogatepass"), key.encode("utf-8", "surrogatepass"))
         ):
+            return
+        found = self.keys.find(given) if self.keys is not None else None
+        if found is None:
             raise HTTPException(403, "missing or wrong API key (send api_key, or the header Authorization: Bearer)")
+        request.state.key = found.name
+        if not found.limits.allows_chars(chars):
+            raise HTTPException(
+                413, f"{chars} characters in one request; this key's limit is {found.limits.char_limit}"
+            )
+        decision = self.limiter.check(found.name, found.limits.req_limit)
+        if not decision.allowed:
+            raise HTTPException(
+                429,
+                f"more than {found.limits.req_limit} requests a minute for this key; retry in {decision.retry_after} s",
+                headers={"Retry-After": str(decision.retry_after)},
+            )
 
 
 def create_app(models: Translator | ModelSet, config: ServeConfig | None = None, **settings) -> FastAPI:
@@ -157,7 +183,7 @@ def _add_probes(app: FastAPI, server: Server) -> None:
             "default_beam": server.beam(first),
             "limits": {"max_sentences": config.max_sentences, "max_chars": config.max_chars, "max_beam": MAX_BEAM},
             "languages": {"source": first.source, "target": first.target},
-            "api_key_required": config.api_key is not None,
+            "api_key_required": server.key_required,
         }
 
     @app.get("/ready", responses={503: {"description": "not ready: queue full, shutting down or worker stopped"}})

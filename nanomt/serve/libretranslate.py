@@ -127,8 +127,8 @@ async def _translate_all(server, request: Request, req: LibreTranslateRequest, t
 
 async def translate(server, request: Request, req: LibreTranslateRequest) -> LibreTranslateResponse:
     """LibreTranslate's /translate: text, or the text nodes of HTML, each translated alone."""
-    server.check_key(request, req.api_key)
     texts = [req.q] if isinstance(req.q, str) else req.q
+    server.check_key(request, req.api_key, sum(map(len, texts)))
     check_size(texts, server.config.max_sentences, server.config.max_chars)
     if req.format == "html":
         docs = [html_texts(t) for t in texts]
@@ -171,8 +171,8 @@ def add_routes(app: FastAPI, server) -> None:
         return {
             "charLimit": server.config.max_chars,
             "frontendTimeout": 500,
-            "apiKeys": server.config.api_key is not None,
-            "keyRequired": server.config.api_key is not None,
+            "apiKeys": server.key_required,
+            "keyRequired": server.key_required,
             "suggestions": False,
             "filesTranslation": False,
             "supportedFilesFormat": [],

@@ -44,6 +44,8 @@ class ServeConfig:
     timeout: float | None = 60.0
     api_key: str | None = None
     keys_file: str | None = None  # several keys with limits of their own (nanomt/keys.py's format)
+    req_limit: int | None = None  # a key's requests a minute where its line gives none (None: no limit)
+    char_limit: int | None = None  # a key's characters a request where its line gives none (None: no limit)
     languages: tuple[str, str] | None = None  # the pair of a model given as a Translator (create_app)
     glossary: tuple[tuple[str, str], ...] = ()
     pivot: str = "en"  # a pair without a model of its own is translated through this language
@@ -58,7 +60,8 @@ class ServeConfig:
             raise ValueError(f"beam size must be in 1..{MAX_BEAM}, got {self.default_beam}")
         if self.timeout is not None and not (self.timeout > 0 and math.isfinite(self.timeout)):
             raise ValueError(f"timeout must be > 0 seconds, got {self.timeout}")
-        for name, least in (("max_batch_tokens", 1), ("queue_size", 1), ("max_sentences", 1), ("max_chars", 1)):
+        positive = ("max_batch_tokens", "queue_size", "max_sentences", "max_chars", "req_limit", "char_limit")
+        for name, least in ((n, 1) for n in positive):
             value = getattr(self, name)
             if value is not None and value < least:
                 raise ValueError(f"{name} must be >= {least}, got {value}")
