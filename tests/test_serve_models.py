@@ -125,3 +125,19 @@ def test_a_run_that_cannot_be_served_is_a_one_line_error_naming_it(runs, tmp_pat
     assert ModelSpec.parse("runs/de-en") == ModelSpec("runs/de-en")
     with pytest.raises(ValueError, match="max_loaded must be >= 1"):
         ServeConfig(max_loaded=0)
+
+
+def test_a_model_that_fails_to_load_answers_500_and_the_others_go_on(runs, tmp_path, toy_corpus):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(runs["zz-ww"], broken)
+    (broken / "model.safetensors").write_bytes(b"not weights")
+    specs = [ModelSpec(str(runs["xx-en"]), "xx", "en"), ModelSpec(str(broken), "zz", "ww")]
+    models = ModelSet.read(specs, "en", 1, "cpu", False)
+    line = toy_corpus["test.src"].read_text().splitlines()[:1]
+    with TestClient(create_app(models), raise_server_exceptions=False) as c:
+        bad = c.post("/translate", json={"text": line, "source": "zz", "target": "ww"})
+        assert bad.status_code == 500 and bad.json()["error"].startswith("internal server error")
+        good = c.post("/translate", json={"text": line, "source": "xx", "target": "en", "beam_size": 1})
+        assert good.json()["translations"] == Translator.from_checkpoint(runs["xx-en"]).translate(line, beam_size=1)
