@@ -66,7 +66,9 @@ class Batcher:
         max_wait: float = 0.005,
         max_queue: int = 256,
         on_batch: Callable[[Batch], None] | None = None,
+        shared: bool = True,
     ):
+        """shared=False: every job is a batch of its own (each request decoded alone, as behind one lock)."""
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
         if max_wait < 0:
@@ -74,7 +76,7 @@ class Batcher:
         if max_queue < 1:
             raise ValueError(f"max_queue must be >= 1, got {max_queue}")
         self.run, self.max_tokens, self.max_wait, self.max_queue = run, max_tokens, max_wait, max_queue
-        self.on_batch = on_batch
+        self.on_batch, self.shared = on_batch, shared
         self._queue: deque[Job] = deque()
         self._cond = threading.Condition()
         self._closing = False
@@ -147,10 +149,10 @@ class Batcher:
                     self._cond.wait()
                     continue
                 first = self._queue[0]
-                same = [j for j in self._queue if j.key == first.key]
+                same = [j for j in self._queue if j.key == first.key] if self.shared else [first]
                 wait = first.arrived + self.max_wait - time.monotonic()
                 # Wait for more of the oldest job's kind, unless its budget is full or the server drains.
-                if wait > 0 and not self._closing and sum(j.tokens for j in same) < self.max_tokens:
+                if wait > 0 and self.shared and not self._closing and sum(j.tokens for j in same) < self.max_tokens:
                     self._cond.wait(wait)
                     continue
                 taken, tokens = [], 0

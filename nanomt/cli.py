@@ -74,10 +74,33 @@ def sampling_options(args: argparse.Namespace) -> dict | None:
     return {key: value for key, value in options.values() if value is not None}
 
 
-def _write_translations(out: TextIO, translator, lines: list[str], n_best: int, first: int, **kwargs) -> None:
+def decoding_changes(args: argparse.Namespace) -> dict:
+    """The decoding settings a `translate` or `evaluate` command changes (Decoding's fields), checked here."""
+    from nanomt.decoding import Decoding
+    from nanomt.glossary import read_glossary
+
+    changes = {
+        "beam_size": args.beam,
+        "n_best": getattr(args, "n_best", 1) if getattr(args, "n_best", 1) > 1 else None,
+        "length_penalty": args.length_penalty,
+        "min_len": args.min_len,
+        "max_len_a": args.max_len_a,
+        "max_len_b": args.max_len_b,
+        "no_repeat_ngram_size": args.no_repeat_ngram_size,
+        "repetition_penalty": args.repetition_penalty,
+        "sampling": sampling_options(args) if hasattr(args, "sampling") else None,
+        "glossary": read_glossary(args.glossary) if args.glossary else None,
+    }
+    changes = {k: v for k, v in changes.items() if v is not None}
+    Decoding(beam_size=max(changes.get("beam_size", 1), changes.get("n_best", 1))).replace(**changes)  # the checks
+    return changes
+
+
+def _write_translations(out: TextIO, translator, lines: list[str], first: int, **kwargs) -> None:
+    n_best = kwargs.get("n_best", 1)
     if n_best > 1:
         # K lines per input sentence: index, score, translation (tab-separated), best first.
-        for i, hyps in enumerate(translator.translate_n_best(lines, n_best, **kwargs), first):
+        for i, hyps in enumerate(translator.translate_n_best(lines, **kwargs), first):
             for text, score in hyps:
                 out.write(f"{i}\t{score:.4f}\t{text}\n")
     else:
@@ -89,39 +112,41 @@ def cmd_translate(args: argparse.Namespace) -> None:
     from nanomt.data import read_lines, stream_lines
     from nanomt.translate import Translator
 
-    sampling = sampling_options(args)
+    changes = decoding_changes(args)  # refused before the model is loaded
+    prefixes = read_lines(args.prefix_file) if args.prefix_file else None
     check_device(args.device)
     translator = Translator.from_checkpoints(args.checkpoints, device=args.device, int8=args.int8)
-    kwargs = {"beam_size": args.beam, "max_tokens": args.max_tokens}
-    if args.length_penalty is not None:
-        kwargs["length_penalty"] = args.length_penalty
-    if sampling is not None:
-        kwargs["sampling"] = sampling
     with _output(args.output) as out:
         if not args.input and sys.stdin.isatty():
+            if prefixes is not None:
+                raise ValueError("--prefix-file needs --input (a prefix a line of the input)")
             # A person typing: each line is translated as soon as it is entered, not at the end of the input.
             for i, line in enumerate(stream_lines(sys.stdin.buffer)):
-                _write_translations(out, translator, [line], args.n_best, i, **kwargs)
+                _write_translations(out, translator, [line], i, max_tokens=args.max_tokens, **changes)
                 out.flush()
         else:
             lines = read_lines(args.input) if args.input else list(stream_lines(sys.stdin.buffer))
-            progress = sys.stderr.isatty()
-            _write_translations(out, translator, lines, args.n_best, 0, progress=progress, **kwargs)
+            if prefixes is not None and len(prefixes) != len(lines):
+                raise ValueError(f"--prefix-file has {len(prefixes)} lines, the input {len(lines)}: one prefix a line")
+            kwargs = {"max_tokens": args.max_tokens, "progress": sys.stderr.isatty(), **changes}
+            _write_translations(out, translator, lines, 0, **kwargs, **({"prefixes": prefixes} if prefixes else {}))
 
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
     from nanomt.evaluate import evaluate
     from nanomt.translate import Translator
 
+    changes = decoding_changes(args)
     check_device(args.device)
     translator = Translator.from_checkpoints(args.checkpoints, device=args.device, int8=args.int8)
     report = evaluate(
         translator,
         args.src,
         args.ref,
-        beam_size=args.beam,
         save_hyp=args.save_hyp,
         progress=sys.stderr.isatty() and not args.json,
+        max_tokens=args.max_tokens,
+        **changes,
     )
     if args.json:
         print(json.dumps(report))
@@ -237,39 +262,37 @@ def cmd_demo(args: argparse.Namespace) -> None:
 def cmd_serve(args: argparse.Namespace) -> None:
     check_device(args.device)
     try:
-        from nanomt.serve import serve
+        from nanomt.serve import ModelSpec, ServeConfig, serve
     except ImportError as e:  # fastapi and uvicorn are an optional extra
         print(
             f"nanomt: error: serve needs FastAPI, uvicorn and prometheus_client ({e}); pip install 'nanomt[serve]'",
             file=sys.stderr,
         )
         sys.exit(1)
-    for flag, value, least in [
-        ("--max-batch-tokens", args.max_batch_tokens, 1),
-        ("--max-wait-ms", args.max_wait_ms, 0),
-        ("--queue-size", args.queue_size, 1),
-    ]:
-        if value is not None and value < least:
-            print(f"nanomt: error: {flag} must be >= {least}, got {value}", file=sys.stderr)
-            sys.exit(2)
-    if args.timeout <= 0:
-        print(f"nanomt: error: --timeout must be > 0 seconds, got {args.timeout}", file=sys.stderr)
-        sys.exit(2)
-    serve(
-        args.checkpoint,
+    from nanomt.glossary import read_glossary
+
+    config = ServeConfig(
         host=args.host,
         port=args.port,
-        beam_size=args.beam,
+        default_beam=args.beam,
         max_batch_tokens=args.max_batch_tokens,
-        device=args.device,
-        int8=args.int8,
         batching=not args.one_lock,
         max_wait_ms=args.max_wait_ms,
         queue_size=args.queue_size,
         timeout=args.timeout,
         api_key=args.api_key,
-        access_logs=not args.no_access_log,
+        keys_file=args.keys_file,
+        req_limit=args.req_limit,
+        char_limit=args.char_limit,
+        glossary=read_glossary(args.glossary) if args.glossary else (),
+        pivot=args.pivot,
+        max_loaded=args.max_loaded,
+        device=args.device,
+        int8=args.int8,
+        access_log=not args.no_access_log,
+        models=tuple(ModelSpec.parse(m) for m in args.checkpoints),
     )
+    serve(config)
 
 
 ENSEMBLE_HELP = (
@@ -294,6 +317,112 @@ def package_version() -> str:
         return getattr(nanomt, "__version__", "unknown")
 
 
+def add_search_flags(s: argparse.ArgumentParser) -> None:
+    """The flags that change a checkpoint's decoding settings (its decode section) for one command."""
+    s.add_argument("--beam", type=int, default=None, help="beam size (default: the checkpoint's decode.beam_size)")
+    s.add_argument(
+        "--length-penalty", type=float, default=None, help="beam search's length penalty (default: the checkpoint's)"
+    )
+    s.add_argument("--min-len", type=int, default=None, help="no EOS before this many tokens (decode.min_len)")
+    s.add_argument("--max-len-a", type=float, default=None, help="budget: int(a * source tokens + b) (decode)")
+    s.add_argument("--max-len-b", type=int, default=None, help="budget: int(a * source tokens + b) (decode)")
+    s.add_argument(
+        "--no-repeat-ngram-size", type=int, default=None, metavar="N", help="no N-gram twice in a translation (0: off)"
+    )
+    s.add_argument(
+        "--repetition-penalty",
+        type=float,
+        default=None,
+        metavar="P",
+        help="divide the scores of tokens already written by P (> 1 discourages repeats; 1: off)",
+    )
+    s.add_argument(
+        "--glossary",
+        metavar="FILE",
+        help="'source term<TAB>target term' lines: a term found in a sentence puts its target term in the translation",
+    )
+    s.add_argument("--max-tokens", type=int, default=None, help="source tokens per batch")
+
+
+def add_serve_flags(s: argparse.ArgumentParser) -> None:
+    """`nanomt serve`'s flags; their defaults are ServeConfig's."""
+    from nanomt.serve.settings import ServeConfig
+
+    d = ServeConfig()
+    s.add_argument(
+        "checkpoints",
+        nargs="+",
+        metavar="CHECKPOINT",
+        help="a run to serve, or SRC-TGT=RUN to name its language pair (else its config's); one a language pair",
+    )
+    s.add_argument("--host", default=d.host, help=f"address to bind (default {d.host}: this machine only)")
+    s.add_argument("--port", type=int, default=d.port, help=f"port to listen on (default {d.port})")
+    s.add_argument("--beam", type=int, default=d.default_beam, help="default beam size (default: each model's)")
+    s.add_argument(
+        "--max-batch-tokens",
+        type=int,
+        default=d.max_batch_tokens,
+        help="source tokens per decoding batch: requests waiting together share one up to this budget "
+        "(default: the first model's decode.max_tokens)",
+    )
+    s.add_argument(
+        "--max-wait-ms",
+        type=float,
+        default=d.max_wait_ms,
+        help=f"how long the oldest waiting request may wait for others to share its batch (default {d.max_wait_ms:g})",
+    )
+    s.add_argument(
+        "--queue-size",
+        type=int,
+        default=d.queue_size,
+        help=f"requests that may wait; one more is answered 503 with Retry-After (default {d.queue_size})",
+    )
+    s.add_argument(
+        "--timeout",
+        type=float,
+        default=d.timeout,
+        help=f"seconds a request may take; past it the answer is 504, its sentences dropped (default {d.timeout:g})",
+    )
+    s.add_argument(
+        "--api-key",
+        default=None,
+        help="require this key (body api_key, or the header Authorization: Bearer KEY) on /translate, /attention "
+        "and /detect; default: the environment variable NANOMT_API_KEY, else no key (prefer the variable: "
+        "a command line is visible to other users of the machine)",
+    )
+    s.add_argument(
+        "--keys-file",
+        metavar="FILE",
+        help="API keys, hashed, with limits of their own (`python -m nanomt.keys new` writes a line; docs/serving.md)",
+    )
+    s.add_argument("--req-limit", type=int, default=d.req_limit, help="a key's requests a minute, unless its line says")
+    s.add_argument(
+        "--char-limit", type=int, default=d.char_limit, help="a key's characters a request, unless its line says"
+    )
+    s.add_argument(
+        "--one-lock",
+        action="store_true",
+        help="decode every request alone, never in a batch shared with others (to compare with)",
+    )
+    s.add_argument("--no-access-log", action="store_true", help="no JSON access log lines on stderr")
+    s.add_argument(
+        "--glossary", metavar="FILE", help="the default glossary ('source term<TAB>target term' lines) of every request"
+    )
+    s.add_argument(
+        "--pivot",
+        default=d.pivot,
+        help=f"a pair no model translates goes through this language, with two models (default {d.pivot})",
+    )
+    s.add_argument(
+        "--max-loaded",
+        type=int,
+        default=d.max_loaded,
+        help="models in memory at once; past it the least recently used is unloaded (default: all, loaded at start)",
+    )
+    s.add_argument("--device", default=d.device, help=DEVICE_HELP)
+    s.add_argument("--int8", action="store_true", help=INT8_HELP)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nanomt", description="The original Transformer for machine translation.")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging, and tracebacks instead of errors")
@@ -316,12 +445,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT", help=ENSEMBLE_HELP)
     s.add_argument("--input", "-i", help="input file (default stdin)")
     s.add_argument("--output", "-o", help="output file (default stdout), replaced only once every line is translated")
-    s.add_argument("--beam", type=int, default=None, help="beam size (default: the checkpoint's decode.beam_size)")
     s.add_argument("--n-best", type=int, default=1, help="print the K best: 'index<TAB>score<TAB>text' lines")
+    add_search_flags(s)
     s.add_argument(
-        "--length-penalty", type=float, default=None, help="beam search's length penalty (default: the checkpoint's)"
+        "--prefix-file",
+        metavar="FILE",
+        help="one target prefix a line of the input: each translation starts with its line, the model goes on",
     )
-    s.add_argument("--max-tokens", type=int, default=None, help="source tokens per batch")
     s.add_argument(
         "--sampling",
         action="store_true",
@@ -362,7 +492,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT", help=ENSEMBLE_HELP)
     s.add_argument("--src", required=True, help="source sentences, one a line")
     s.add_argument("--ref", required=True, help="reference translations, line-aligned with --src")
-    s.add_argument("--beam", type=int, default=None, help="beam size (default: the checkpoint's decode.beam_size)")
+    add_search_flags(s)
     s.add_argument("--save-hyp", help="write the translations to this file")
     s.add_argument("--json", action="store_true", help="print one JSON object")
     s.add_argument("--device", default="cpu", help=DEVICE_HELP)
@@ -439,51 +569,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--pairs", type=int, default=None, help="training pairs (default: the demo's)")
     s.set_defaults(func=cmd_demo)
 
-    s = sub.add_parser("serve", help="HTTP JSON API and a web page to translate and see attention")
-    s.add_argument("checkpoint", help=CHECKPOINT_HELP)
-    s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    s.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
-    s.add_argument("--beam", type=int, default=None, help="default beam size (default: the checkpoint's)")
-    s.add_argument(
-        "--max-batch-tokens",
-        type=int,
-        default=None,
-        help="source tokens per decoding batch: requests waiting together share one up to this budget "
-        "(default: the checkpoint's decode.max_tokens)",
+    s = sub.add_parser(
+        "serve", help="HTTP JSON API (nanomt's and LibreTranslate's) and a web page, for one or more models"
     )
-    s.add_argument(
-        "--max-wait-ms",
-        type=float,
-        default=5.0,
-        help="how long the oldest waiting request may wait for others to share its batch (default 5)",
-    )
-    s.add_argument(
-        "--queue-size",
-        type=int,
-        default=256,
-        help="requests that may wait for the model; one more is answered 503 with Retry-After (default 256)",
-    )
-    s.add_argument(
-        "--timeout",
-        type=float,
-        default=60.0,
-        help="seconds a request may take; past it the answer is 504 and its sentences are dropped (default 60)",
-    )
-    s.add_argument(
-        "--api-key",
-        default=None,
-        help="require this key (body api_key, or the header Authorization: Bearer KEY) on /translate, /attention "
-        "and /detect; default: the environment variable NANOMT_API_KEY, else no key (prefer the variable: "
-        "a command line is visible to other users of the machine)",
-    )
-    s.add_argument(
-        "--one-lock",
-        action="store_true",
-        help="decode every request alone behind one lock, without the batching queue (to compare with)",
-    )
-    s.add_argument("--no-access-log", action="store_true", help="no JSON access log lines on stderr")
-    s.add_argument("--device", default="cpu", help=DEVICE_HELP)
-    s.add_argument("--int8", action="store_true", help=INT8_HELP)
+    add_serve_flags(s)
     s.set_defaults(func=cmd_serve)
     return p
 

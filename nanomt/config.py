@@ -12,12 +12,14 @@ from typing import Any, Literal, NamedTuple
 
 import yaml
 
+from nanomt.decoding import LENGTH_PENALTIES, Decoding
+
+_DECODING = Decoding()  # the one place decoding defaults are written
+
 ACTIVATIONS = ("relu", "gelu", "swish")
 POSITIONALS = ("sinusoidal", "learned")
 # The sinusoids' order along d_model: 3.5's sin/cos pairs, or every sine before every cosine (Marian's table).
 SINUSOIDAL_LAYOUTS = ("interleaved", "halves")
-# Scores of a finished hypothesis (nanomt.decode): GNMT's ((5 + len) / 6)^alpha, len^alpha, or the sum alone.
-LENGTH_PENALTIES = ("gnmt", "average", "none")
 # Special token ids of the vocabularies nanomt trains (its SentencePiece models reserve them). A model's own ids
 # are its ModelConfig's (an imported Marian model has others): everything that builds batches or scores reads those.
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
@@ -264,18 +266,22 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """Decoding defaults stored with a checkpoint."""
+    """Decoding defaults stored with a checkpoint: a Decoding's settings (nanomt/decoding.py says what each does,
+    and its defaults are these), and the batch size of translation."""
 
-    beam_size: int = 5
-    length_penalty: float = 1.0
-    length_penalty_kind: Literal[LENGTH_PENALTIES] = "gnmt"
-    max_len_a: float = 1.2
-    max_len_b: int = 10
-    min_len: int = 0
+    beam_size: int = _DECODING.beam_size
+    length_penalty: float = _DECODING.length_penalty
+    length_penalty_kind: Literal[LENGTH_PENALTIES] = _DECODING.length_penalty_kind
+    max_len_a: float = _DECODING.max_len_a
+    max_len_b: int = _DECODING.max_len_b
+    min_len: int = _DECODING.min_len
     max_tokens: int = 4096
-    # With a length penalty: end a sentence's beam search once beam_size hypotheses are finished (fairseq), or
-    # go on while its best live beam, scored at its current length, beats the worst of them (Hugging Face's default).
-    early_stopping: bool = True
+    early_stopping: bool = _DECODING.early_stopping
+    no_repeat_ngram_size: int = _DECODING.no_repeat_ngram_size  # repetition guards: off by default
+    repetition_penalty: float = _DECODING.repetition_penalty
+
+    def __post_init__(self):
+        Decoding.from_config(self)  # the rules of a Decoding, checked where the config is read
 
 
 @dataclass(frozen=True)

@@ -14,16 +14,15 @@ from tqdm import tqdm
 from nanomt.checkpoint import CheckpointError, load_checkpoint
 from nanomt.config import Config
 from nanomt.data import make_batches
-from nanomt.decode import Hypothesis, beam_search, greedy, sample
+from nanomt.decode import Hypothesis, search
+from nanomt.decoding import Decoding, batch_decoding
 from nanomt.ensemble import Ensemble
+from nanomt.glossary import required_terms
 from nanomt.model import Transformer, prune_output
 from nanomt.quantize import quantize_int8
 from nanomt.tokenizer import Tokenizer
 
 log = logging.getLogger("nanomt")
-
-# The settings `translate(..., sampling={...})` takes: decode.sample's.
-SAMPLING_KEYS = ("temperature", "top_k", "top_p", "seed")
 
 
 @dataclass(frozen=True)
@@ -36,6 +35,54 @@ class SentenceAttention:
     encoder: list[np.ndarray]  # per layer (H, S, S)
     decoder: list[np.ndarray]  # per layer (H, T, T)
     cross: list[np.ndarray]  # per layer (H, T, S)
+
+
+def source_ids(tokenizer: Tokenizer, cfg: Config, sentences: list[str]) -> list[list[int]]:
+    """Each sentence's ids and EOS ([] for an empty line), cut to the model's positions (a warning says so)."""
+    limit = cfg.model.max_positions - 1  # the source gets an EOS
+    ids = tokenizer.encode_src(sentences)
+    too_long = sum(len(s) > limit for s in ids)
+    if too_long:
+        log.warning("%d input line(s) longer than %d tokens were truncated", too_long, limit)
+    return [s[:limit] + [cfg.model.eos_id] if s else [] for s in ids]
+
+
+def prepare(
+    tokenizer: Tokenizer, cfg: Config, sentences: list[str], decoding: Decoding, prefixes: list[str] | None
+) -> tuple[list, list, list]:
+    """Per sentence: source ids (EOS included), prefix ids and glossary phrase ids; ValueError naming what does not
+    fit (a prefix past its sentence's length limit, a term the vocabulary cannot write)."""
+    ids = source_ids(tokenizer, cfg, sentences)
+    targets = prefix_ids(tokenizer, prefixes, len(sentences))
+    for i, (src, prefix) in enumerate(zip(ids, targets)):
+        budget = decoding.max_len(len(src) - 1, cfg.model.max_positions)
+        if src and prefix and len(prefix) >= budget:
+            raise ValueError(
+                f"sentence {i + 1}: its prefix of {len(prefix)} tokens does not fit its length limit ({budget})"
+            )
+    return ids, targets, phrase_ids(tokenizer, sentences, decoding)
+
+
+def prefix_ids(tokenizer: Tokenizer, prefixes: list[str] | None, n: int) -> list[list[int]]:
+    """Each sentence's forced target prefix as ids ([] for none)."""
+    if prefixes is None:
+        return [[] for _ in range(n)]
+    if len(prefixes) != n:
+        raise ValueError(f"{len(prefixes)} prefixes for {n} sentences")
+    return [ids if p else [] for p, ids in zip(prefixes, tokenizer.encode_tgt([p or "" for p in prefixes]))]
+
+
+def phrase_ids(tokenizer: Tokenizer, sentences: list[str], decoding: Decoding) -> list[list[list[int]]]:
+    """Per sentence, the target ids of each glossary term its translation must contain."""
+    if not decoding.glossary:
+        return [[] for _ in sentences]
+    terms = [required_terms(decoding.glossary, s) for s in sentences]
+    unique = sorted({t for ts in terms for t in ts})
+    ids = dict(zip(unique, tokenizer.encode_tgt(unique)))
+    for term in unique:
+        if not ids[term] or tokenizer.unk_id in ids[term]:
+            raise ValueError(f"glossary term {term!r}: the model's vocabulary cannot write it (unknown pieces)")
+    return [[ids[t] for t in ts] for ts in terms]
 
 
 class Translator:
@@ -60,8 +107,6 @@ class Translator:
         self.tokenizer = tokenizer
         self.cfg = cfg
         self.device = torch.device(device)
-        # The source gets an EOS, so it may hold one token less than the model's positions.
-        self.max_src_tokens = cfg.model.max_positions - 1
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str | torch.device = "cpu", int8: bool = False) -> Translator:
@@ -88,45 +133,37 @@ class Translator:
         return cls(ensemble, tokenizer, dataclasses.replace(cfg, model=ensemble.cfg), device, int8)
 
     def _encode(self, sentences: list[str]) -> list[list[int]]:
-        ids = self.tokenizer.encode_src(sentences)
-        too_long = sum(len(s) > self.max_src_tokens for s in ids)
-        if too_long:
-            log.warning("%d input line(s) longer than %d tokens were truncated", too_long, self.max_src_tokens)
-        return [s[: self.max_src_tokens] + [self.cfg.model.eos_id] if s else [] for s in ids]
+        return source_ids(self.tokenizer, self.cfg, sentences)
 
     def _max_len(self, src_len: int) -> int:
-        d = self.cfg.decode
-        return max(1, min(int(d.max_len_a * src_len + d.max_len_b), self.cfg.model.max_positions))
+        return self.default_decoding.max_len(src_len, self.cfg.model.max_positions)
+
+    @property
+    def default_decoding(self) -> Decoding:
+        """The checkpoint's decoding settings (its config's decode section): what a request changes."""
+        return Decoding.from_config(self.cfg.decode)
 
     @torch.inference_mode()
     def translate_hypotheses(
         self,
         sentences: list[str],
-        beam_size: int | None = None,
-        n_best: int = 1,
-        length_penalty: float | None = None,
+        decoding: Decoding | None = None,
         max_tokens: int | None = None,
-        sampling: dict | None = None,
         progress: bool = False,
+        prefixes: list[str] | None = None,
+        **settings,
     ) -> list[list[Hypothesis]]:
-        """n_best hypotheses (token ids and scores) per sentence, in input order; `sampling` samples instead."""
-        # sampling: {"temperature", "top_k", "top_p", "seed"}, each optional, with decode.sample's meanings and
-        # defaults; a sampled hypothesis has score 0.
-        d = self.cfg.decode
-        beam_size = d.beam_size if beam_size is None else beam_size
-        if beam_size < 1:
-            raise ValueError(f"beam size must be >= 1, got {beam_size}")
-        if sampling is not None:
-            unknown = sorted(set(sampling) - set(SAMPLING_KEYS))
-            if unknown:
-                raise ValueError(f"unknown sampling setting(s) {unknown}; known: {list(SAMPLING_KEYS)}")
-            if n_best > 1:
-                raise ValueError("n_best > 1 needs beam search, not sampling")
-        ids = self._encode(sentences)
+        """n_best hypotheses (token ids and scores) per sentence, in input order.
+
+        `decoding` (default: the checkpoint's) with `settings` changed, e.g. beam_size=4, n_best=2, sampling={...}
+        (Decoding's fields; None leaves one as it is); `prefixes`: per sentence, text the translation starts with.
+        """
+        decoding = (decoding or self.default_decoding).replace(**settings)
+        ids, targets, phrases = prepare(self.tokenizer, self.cfg, sentences, decoding, prefixes)
         lens = np.array([len(s) for s in ids])
         results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] for _ in ids]
         todo = np.flatnonzero(lens > 0)  # empty lines translate to empty lines
-        batches = make_batches(lens[todo], lens[todo], max_tokens or d.max_tokens, 0, 0, shuffle=False)
+        batches = make_batches(lens[todo], lens[todo], max_tokens or self.cfg.decode.max_tokens, 0, 0, shuffle=False)
         bar = tqdm(total=len(todo), disable=not progress, unit="sent", dynamic_ncols=True)
         for k, batch in enumerate(batches):
             idx = todo[batch]
@@ -134,42 +171,28 @@ class Translator:
             src = torch.full((len(idx), width), self.cfg.model.pad_id, dtype=torch.long)
             for row, i in enumerate(idx):
                 src[row, : lens[i]] = torch.tensor(ids[i])
-            src = src.to(self.device)
-            if sampling is not None:
-                seed = sampling.get("seed")
-                # One seed a batch, derived from the given one: the same seed in every batch would draw the same
-                # random numbers for the first sentence of each.
-                settings = {**sampling, "seed": None if seed is None else seed + k}
-                outs = sample(self.model, src, self._max_len, min_len=d.min_len, **settings)
-                hyps = [[Hypothesis(o, 0.0, 0.0)] for o in outs]
-            elif beam_size == 1 and n_best == 1:
-                hyps = [[Hypothesis(o, 0.0, 0.0)] for o in greedy(self.model, src, self._max_len, d.min_len)]
-            else:
-                hyps = beam_search(
-                    self.model,
-                    src,
-                    beam_size,
-                    self._max_len,
-                    min_len=d.min_len,
-                    length_penalty=d.length_penalty if length_penalty is None else length_penalty,
-                    length_penalty_kind=d.length_penalty_kind,
-                    n_best=n_best,
-                    early_stopping=d.early_stopping,
-                )
+            chosen = batch_decoding(decoding, k)
+            hyps = search(self.model, src.to(self.device), chosen, [targets[i] for i in idx], [phrases[i] for i in idx])
             for i, h in zip(idx, hyps):
                 results[i] = h
             bar.update(len(idx))
         bar.close()
         return results
 
-    def translate(self, sentences: list[str], beam_size: int | None = None, **kwargs) -> list[str]:
+    def check(self, sentences: list[str], decoding: Decoding, prefixes: list[str] | None = None) -> None:
+        """Raise ValueError, naming the problem, for inputs `translate` refuses (a server checks before queueing)."""
+        prepare(self.tokenizer, self.cfg, sentences, decoding, prefixes)
+
+    def translate(self, sentences: list[str], decoding: Decoding | None = None, **kwargs) -> list[str]:
         """One translation per input sentence, in order."""
-        hyps = self.translate_hypotheses(sentences, beam_size=beam_size, **kwargs)
+        hyps = self.translate_hypotheses(sentences, decoding, **kwargs)
         return self.tokenizer.decode_tgt([h[0].tokens for h in hyps])
 
-    def translate_n_best(self, sentences: list[str], n_best: int, beam_size: int | None = None, **kwargs):
-        """The n_best (translation, score) pairs of every sentence."""
-        hyps = self.translate_hypotheses(sentences, beam_size=beam_size, n_best=n_best, **kwargs)
+    def translate_n_best(
+        self, sentences: list[str], n_best: int | None = None, decoding: Decoding | None = None, **kwargs
+    ):
+        """The n_best (translation, score) pairs of every sentence (n_best: default the decoding's)."""
+        hyps = self.translate_hypotheses(sentences, decoding, n_best=n_best, **kwargs)
         return [list(zip(self.tokenizer.decode_tgt([h.tokens for h in hs]), [h.score for h in hs])) for hs in hyps]
 
     @torch.inference_mode()

@@ -179,3 +179,29 @@ def test_export_commands_write_what_the_functions_write(runs, tmp_path, capsys):
         assert {p.name for p in (tmp_path / target).iterdir()} >= {"tokenizer", "nanomt.yaml"}
     assert (tmp_path / "ct2" / "model.bin").is_file()
     assert {"encoder.onnx", "decoder_step.onnx"} <= {p.name for p in (tmp_path / "onnx").iterdir()}
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_ct2_honours_prefixes_and_repetition_guards(runs, sources, tmp_path, beam):
+    """target_prefix, and (greedy) no_repeat_ngram_size and repetition_penalty, passed to CTranslate2: nanomt's tokens.
+    In beam search CTranslate2 applies the guards before normalizing, nanomt as transformers after: not compared."""
+    pytest.importorskip("ctranslate2")
+    from nanomt.interop.ct2 import Ct2ExportError, Ct2Translator, export_ct2
+
+    theirs = Ct2Translator(export_ct2(runs["pre_norm"], tmp_path / "ct2"), intra_threads=1)
+    ours = Translator.from_checkpoint(runs["pre_norm"])
+    src_ids = ours.tokenizer.encode_src(sources)
+    prefix_text = [" ".join(t.split()[:1]) for t in ours.translate(sources, beam_size=1)]
+    prefix_ids = ours.tokenizer.encode_tgt(prefix_text)
+    expected = [h[0].tokens for h in ours.translate_hypotheses(sources, beam_size=beam, prefixes=prefix_text)]
+    assert theirs.translate_ids(src_ids, beam_size=beam, prefixes=prefix_ids) == expected
+    for guard in ({"no_repeat_ngram_size": 2}, {"repetition_penalty": 1.8}) if beam == 1 else ():
+        theirs.decode.update(guard)
+        guarded = with_decode(Translator.from_checkpoint(runs["pre_norm"]), **guard)
+        expected = [h[0].tokens for h in guarded.translate_hypotheses(sources, beam_size=1)]
+        assert expected != [h[0].tokens for h in ours.translate_hypotheses(sources, beam_size=1)]  # it bites
+        assert theirs.translate_ids(src_ids, beam_size=1) == expected, guard
+        theirs.decode.update(no_repeat_ngram_size=0, repetition_penalty=1.0)
+    theirs.decode["glossary"] = [["a", "b"]]
+    with pytest.raises(Ct2ExportError, match="constrained search"):
+        theirs.translate_ids(src_ids[:1], beam_size=beam)

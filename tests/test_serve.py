@@ -1,5 +1,6 @@
 """nanomt serve: the JSON API via TestClient, a load test on a real server process, the page in headless Chromium."""
 
+import hmac
 import html
 import json
 import os
@@ -17,6 +18,7 @@ import torch
 from conftest import NANOMT, tiny_config
 
 from nanomt.config import config_from_dict
+from nanomt.decoding import Sampling
 from nanomt.train import train
 from nanomt.translate import Translator
 
@@ -31,7 +33,6 @@ pytest.importorskip("prometheus_client", reason=SERVE_EXTRA)
 from fastapi.testclient import TestClient  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-import nanomt.serve  # noqa: E402
 from nanomt.quantize import quantize_int8  # noqa: E402
 from nanomt.serve import create_app  # noqa: E402
 
@@ -398,9 +399,13 @@ def test_batching_returns_each_request_its_own_translations(translator, many):
     assert len(calls) == 6, [(len(t), k) for t, k in calls]
     for beam in (1, 2, 3):
         texts = [t for r in requests if r.get("beam_size") == beam for t in r["text"]]
-        [batch] = [t for t, k in calls if k.get("beam_size") == beam and "attention" not in k]
+        [batch] = [
+            t
+            for t, k in calls
+            if "attention" not in k and (k["decoding"].sampling, k["decoding"].beam_size) == (None, beam)
+        ]
         assert sorted(batch) == sorted(texts) and len(batch) > 5 * 8 // 3  # many requests in one batch
-    [seeded] = [t for t, k in calls if (k.get("sampling") or {}).get("seed") == 11]
+    [seeded] = [t for t, k in calls if "decoding" in k and (k["decoding"].sampling or Sampling()).seed == 11]
     assert seeded == requests[-2]["text"]
 
 
@@ -539,8 +544,8 @@ def test_libretranslate_requests_and_responses(client, translator, sentences):
 
 def test_api_key(translator, sentences, monkeypatch):
     compared = []
-    real = nanomt.serve.hmac.compare_digest
-    monkeypatch.setattr(nanomt.serve.hmac, "compare_digest", lambda a, b: compared.append(1) or real(a, b))
+    real = hmac.compare_digest
+    monkeypatch.setattr(hmac, "compare_digest", lambda a, b: compared.append(1) or real(a, b))
     with TestClient(create_app(translator, api_key="s3cret")) as c:
         lt = {"q": sentences[0], "source": "auto", "target": "tgt"}
         for res in [

@@ -18,13 +18,19 @@ What CTranslate2 expresses, and how nanomt's options map onto it:
   early_stopping) and the beam_size hypotheses it returns are rescored by nanomt's formula. "none" (or
   alpha 0) needs no rescoring. early_stopping: false with a length penalty (Hugging Face's rule) has no
   CTranslate2 counterpart and is refused.
+  A forced prefix is CTranslate2's target_prefix. no_repeat_ngram_size and repetition_penalty are passed:
+  CTranslate2 applies them to the logits, nanomt (as transformers) to the scores the search ranks, the logits in
+  greedy decoding and the log-probs in beam search, so greedy agrees and beam search may not. A glossary
+  (lexically constrained search) has no CTranslate2 counterpart and is refused.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import shutil
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -40,17 +46,8 @@ INSTALL_HINT = "pip install 'nanomt[export]'"
 # Small enough that x / n**TINY_PENALTY == x in float32 for any length n < 10**6, and not 0: CTranslate2
 # stops early on a zero penalty (once its best beam ends), on a nonzero one after beam_size hypotheses.
 TINY_PENALTY = 1e-9
-# nanomt.config.DecodeConfig's defaults, for a config.yaml that leaves a key out.
-DECODE_DEFAULTS = {
-    "beam_size": 5,
-    "length_penalty": 1.0,
-    "length_penalty_kind": "gnmt",
-    "max_len_a": 1.2,
-    "max_len_b": 10,
-    "min_len": 0,
-    "max_tokens": 4096,
-    "early_stopping": True,
-}
+# nanomt.config.DecodeConfig's batch size, for a config.yaml that leaves it out (Decoding has the other defaults).
+MAX_TOKENS = 4096
 MODEL_DEFAULTS = {
     "norm_first": True,
     "activation": "relu",
@@ -65,6 +62,19 @@ MODEL_DEFAULTS = {
     "bos_id": 2,
     "eos_id": 3,
 }
+
+
+def _standalone(name: str):
+    """nanomt/<name>.py loaded by its path, without nanomt/__init__.py (which imports torch)."""
+    key = f"nanomt_{name}_standalone"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, Path(__file__).resolve().parent.parent / f"{name}.py")
+        sys.modules[key] = module = importlib.util.module_from_spec(spec)  # dataclasses look their module up
+        spec.loader.exec_module(module)
+    return sys.modules[key]
+
+
+Decoding = _standalone("decoding").Decoding
 
 
 class Ct2ExportError(ValueError):
@@ -233,7 +243,7 @@ def build_spec(model: dict, w: dict, src_vocab: list[str], tgt_vocab: list[str])
 def read_model_config(config_path: Path) -> tuple[dict, dict]:
     """The model and decode sections of a config.yaml, with nanomt's defaults filled in."""
     cfg = yaml.safe_load(config_path.read_text(encoding="utf-8"))
-    return {**MODEL_DEFAULTS, **cfg["model"]}, {**DECODE_DEFAULTS, **(cfg.get("decode") or {})}
+    return {**MODEL_DEFAULTS, **cfg["model"]}, {"max_tokens": MAX_TOKENS, **(cfg.get("decode") or {})}
 
 
 def export_ct2(run: str | Path, out: str | Path, quantization: str | None = None) -> Path:
@@ -294,24 +304,31 @@ class Ct2Translator:
         # The source gets an EOS, so it may hold one token less than the model's positions.
         self.max_src_tokens = self.model["max_positions"] - 1
 
+    @property
+    def decoding(self):
+        """The export's decoding settings (nanomt.decoding.Decoding), from its config's decode section."""
+        return Decoding.from_config(self.decode)
+
     def max_len(self, src_len: int) -> int:
         """nanomt.Translator's generation budget (tokens, EOS included) for a source of src_len tokens."""
-        d = self.decode
-        return max(1, min(int(d["max_len_a"] * src_len + d["max_len_b"]), self.model["max_positions"]))
+        return self.decoding.max_len(src_len, self.model["max_positions"])
 
     def search_options(self, beam_size: int, alpha: float) -> dict:
         """translate_batch's options for nanomt's beam size and length penalty (see the module docstring)."""
-        d = self.decode
+        d = self.decoding
+        if d.glossary:
+            raise Ct2ExportError("a glossary needs lexically constrained search, which CTranslate2 does not have")
         # No suppress_sequences for PAD and BOS, which nanomt never generates: CTranslate2 would renormalize the
         # log-probs over the other tokens (nanomt masks them after log_softmax), and a trained model does not
         # rank them among the best anyway.
-        options = {"beam_size": beam_size, "min_decoding_length": d["min_len"], "max_input_length": 0}
-        options.update(max_batch_size=d["max_tokens"], batch_type="tokens")
+        options = {"beam_size": beam_size, "min_decoding_length": d.min_len, "max_input_length": 0}
+        options.update(max_batch_size=self.decode["max_tokens"], batch_type="tokens")
+        options.update(no_repeat_ngram_size=d.no_repeat_ngram_size, repetition_penalty=d.repetition_penalty)
         if beam_size == 1:
             return {**options, "length_penalty": 0.0}
-        if d["length_penalty_kind"] == "none" or alpha == 0:
+        if d.length_penalty_kind == "none" or alpha == 0:
             return {**options, "length_penalty": 0.0}
-        if not d["early_stopping"]:
+        if not d.early_stopping:
             raise Ct2ExportError(
                 "decode.early_stopping: false with a length penalty (Hugging Face's stopping rule) has no "
                 "CTranslate2 counterpart; use early_stopping: true or length_penalty_kind: none"
@@ -319,9 +336,14 @@ class Ct2Translator:
         return {**options, "length_penalty": TINY_PENALTY, "num_hypotheses": beam_size, "return_scores": True}
 
     def translate_ids(
-        self, src: list[list[int]], beam_size: int | None = None, length_penalty: float | None = None
+        self,
+        src: list[list[int]],
+        beam_size: int | None = None,
+        length_penalty: float | None = None,
+        prefixes: list[list[int]] | None = None,
     ) -> list[list[int]]:
-        """Source ids (no EOS) -> target ids (no BOS/EOS), as nanomt's Translator decodes them."""
+        """Source ids (no EOS) -> target ids (no BOS/EOS), as nanomt's Translator decodes them; each translation
+        starts with its prefix ids, where given (CTranslate2's target_prefix)."""
         beam_size = self.decode["beam_size"] if beam_size is None else beam_size
         alpha = self.decode["length_penalty"] if length_penalty is None else length_penalty
         kind = self.decode["length_penalty_kind"]
@@ -339,6 +361,8 @@ class Ct2Translator:
                 groups[budgets[i]].append(i)
         for max_len, idx in groups.items():
             tokens = [[self.src_vocab[t] for t in src[i]] for i in idx]
+            if prefixes is not None:
+                options["target_prefix"] = [[self.tgt_vocab[t] for t in prefixes[i]] for i in idx]
             outs = self.translator.translate_batch(tokens, max_decoding_length=max_len, **options)
             for i, out in zip(idx, outs):
                 best = out.hypotheses[0][: budgets[i]]

@@ -1,0 +1,141 @@
+"""nanomt's API: POST /translate ({"text": [...]}, with every decoding setting) and POST /attention; POST /translate
+also takes LibreTranslate's request shape and hands it to nanomt.serve.libretranslate."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from fastapi import FastAPI, HTTPException, Request
+
+from nanomt.glossary import has_terms
+from nanomt.serve import libretranslate
+from nanomt.serve.errors import ERRORS, FORM, check_size, read_body, validate
+from nanomt.serve.models import Model, NoRoute
+from nanomt.serve.schemas import AttentionRequest, AttentionResponse, TranslateRequest, TranslateResponse
+from nanomt.translate import prepare
+
+
+def translate_key(decoding) -> tuple:
+    """The batch key of a translation: equal settings share a batch; a seeded sample is a batch of its own."""
+    return ("translate", decoding, object() if decoding.decode_alone else None)
+
+
+def route(server, source: str | None, target: str | None) -> list[Model]:
+    """The model(s) of a request's pair (nanomt's API defaults to the first model's), or a 400."""
+    first = server.models.default
+    try:
+        return server.models.route(source or first.source, target or first.target)
+    except NoRoute as e:
+        raise HTTPException(400, str(e)) from None
+
+
+async def translate_texts(server, request: Request, req: TranslateRequest) -> TranslateResponse:
+    """nanomt's /translate: through one model, or two through the pivot language (the last one gets the prefixes
+    and the glossary, which are the target language's)."""
+    models = route(server, req.source, req.target)
+    texts, prefixes = req.text, req.prefix or [None] * len(req.text)
+    start = time.perf_counter()
+    for hop, model in enumerate(models):
+        last = hop == len(models) - 1
+        try:
+            decoding = req.decoding(server.defaults(model))
+            if not last:
+                decoding = decoding.replace(glossary=())
+            prepare(model.tokenizer, model.cfg, texts, decoding, req.prefix if last else None)
+        except ValueError as e:
+            raise HTTPException(400, str(e)) from None
+        items = list(zip(texts, prefixes if last else [None] * len(texts)))
+        texts = await server.decode(request, model, translate_key(decoding), items)
+    missed = [i for i, (src, out) in enumerate(zip(req.text, texts)) if not has_terms(decoding.glossary, src, out)]
+    return TranslateResponse(
+        translations=texts,
+        seconds=round(time.perf_counter() - start, 4),
+        terms_missed=missed or None,
+        route=[m.name for m in models] if len(models) > 1 else None,
+    )
+
+
+def add_routes(app: FastAPI, server) -> None:
+    """POST /translate (both request shapes) and POST /attention."""
+
+    @app.post(
+        "/translate",
+        response_model=TranslateResponse | libretranslate.LibreTranslateResponse,
+        response_model_exclude_none=True,
+        responses=ERRORS,
+    )
+    async def translate(request: Request):
+        """Translate sentences: nanomt's {"text": [...]} (beam search, or sampling given a sampling setting), or
+        LibreTranslate's {"q": ..., "source": "auto", "target": ...} as JSON or a form."""
+        body = await read_body(request)
+        if isinstance(body, dict) and "q" in body and "text" not in body:
+            return await libretranslate.translate(server, request, validate(libretranslate.LibreTranslateRequest, body))
+        req = validate(TranslateRequest, body)
+        server.check_key(request, req.api_key, sum(map(len, req.text)))
+        check_size(req.text, server.config.max_sentences, server.config.max_chars)
+        return await translate_texts(server, request, req)
+
+    @app.post("/attention", response_model=AttentionResponse, responses=ERRORS)
+    async def attention(request: Request, req: AttentionRequest) -> AttentionResponse:
+        """Translate one sentence and return its cross-attention, every layer and head."""
+        server.check_key(request, req.api_key, len(req.text))
+        check_size([req.text], 1, server.config.max_chars)
+        model = _one_model(server, req)
+        start = time.perf_counter()
+        # Decoded alone (a key of its own), in its turn in the queue.
+        key = ("attention", req.beam_size or server.beam(model), object())
+        [att] = await server.decode(request, model, key, [req.text])
+        return AttentionResponse(
+            src_tokens=att.src_tokens,
+            tgt_tokens=att.tgt_tokens,
+            translation=att.translation,
+            # float64 before rounding, so that JSON gets 0.9964 and not float32's 0.996399998664856
+            cross_attention=[w.astype(np.float64).round(4).tolist() for w in att.cross],  # per layer (H, T, S)
+            seconds=round(time.perf_counter() - start, 4),
+        )
+
+    _describe_translate_bodies(app)
+
+
+def _one_model(server, req: AttentionRequest) -> Model:
+    """The one model of an attention request's pair: attention through two models has no one matrix."""
+    models = route(server, req.source, req.target)
+    if len(models) > 1:
+        raise HTTPException(400, f"no one model translates {models[0].source} to {models[-1].target}: no attention")
+    return models[0]
+
+
+def _describe_translate_bodies(app: FastAPI) -> None:
+    """POST /translate takes either shape, parsed by hand: describe both in the OpenAPI schema."""
+    bodies = (TranslateRequest, libretranslate.LibreTranslateRequest, libretranslate.DetectRequest)
+
+    def openapi() -> dict:
+        if app.openapi_schema:
+            return app.openapi_schema
+        from fastapi.openapi.utils import get_openapi
+
+        schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+        defs = schema.setdefault("components", {}).setdefault("schemas", {})
+        for model in bodies:
+            body = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            defs.update(body.pop("$defs", {}))
+            defs[model.__name__] = body
+        ref = lambda name: {"$ref": f"#/components/schemas/{name}"}  # noqa: E731
+        libre = ref("LibreTranslateRequest")
+        schema["paths"]["/translate"]["post"]["requestBody"] = {
+            "required": True,
+            "content": {
+                "application/json": {"schema": {"oneOf": [ref("TranslateRequest"), libre]}},
+                FORM: {"schema": libre},
+            },
+        }
+        detect = ref("DetectRequest")
+        schema["paths"]["/detect"]["post"]["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": detect}, FORM: {"schema": detect}},
+        }
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi

@@ -1,0 +1,207 @@
+"""The app factory: one Server (settings, models, the decoding queue, metrics, keys) and the routes that share it.
+
+Requests wait in one bounded queue for one worker that owns the models and decodes them in batches of one model and
+one decoding setting (nanomt/batching.py); /health, /ready and /metrics answer on the event loop, never waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hmac
+import logging
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from nanomt.batching import Batcher, Closed, JobTimeout, QueueFull
+from nanomt.decoding import Decoding
+from nanomt.keys import KeyRing, Limits, RateLimiter
+from nanomt.serve import api, libretranslate
+from nanomt.serve.errors import add_error_handlers, error
+from nanomt.serve.metrics import ServerMetrics, add_observer
+from nanomt.serve.models import Model, ModelSet
+from nanomt.serve.settings import MAX_BEAM, ServeConfig
+from nanomt.translate import Translator
+
+log = logging.getLogger("nanomt.serve")
+PAGE = Path(__file__).resolve().parent.parent / "static" / "index.html"
+
+
+class Server:
+    """What every route shares: the settings, the models, the queue and its worker, the metrics."""
+
+    def __init__(self, config: ServeConfig, models: ModelSet):
+        self.config, self.models = config, models
+        self.metrics = ServerMetrics(lambda: self.engine.depth())
+        models.on_load = lambda m: (self.metrics.loaded.labels(m.name).set(1), self.metrics.loads.labels(m.name).inc())
+        models.on_unload = lambda m: self.metrics.loaded.labels(m.name).set(0)
+        for m in models.models:
+            self.metrics.loaded.labels(m.name).set(int(m.translator is not None))
+        budget = config.max_batch_tokens or models.default.cfg.decode.max_tokens
+        self.engine = Batcher(
+            self.run, budget, config.max_wait_ms / 1000, config.queue_size, self.metrics.batch, shared=config.batching
+        )
+        defaults = Limits(config.req_limit, config.char_limit)
+        self.keys = KeyRing.load(config.keys_file, defaults) if config.keys_file else None
+        self.limiter = RateLimiter()
+
+    def defaults(self, model: Model) -> Decoding:
+        """A model's settings for requests that change none: its config's, with the server's beam and glossary."""
+        return Decoding.from_config(model.cfg.decode).replace(beam_size=self.beam(model), glossary=self.config.glossary)
+
+    def beam(self, model: Model) -> int:
+        return self.config.default_beam or model.cfg.decode.beam_size
+
+    def run(self, key: tuple, items: list) -> list:
+        """Decode one batch in the worker: key = (model name, kind, settings...). One thread at a time."""
+        model = next(m for m in self.models.models if m.name == key[0])
+        translator = self.models.translator(model)
+        if key[1] == "translate":  # items: (text, prefix or None)
+            texts, prefixes = [t for t, _ in items], [p for _, p in items]
+            prefixes = prefixes if any(prefixes) else None
+            max_tokens = self.config.max_batch_tokens
+            return translator.translate(texts, decoding=key[2], max_tokens=max_tokens, prefixes=prefixes)
+        if key[1] == "attention":
+            return [translator.attention(items[0], beam_size=key[2])]
+        raise ValueError(f"unknown kind of job {key[1]!r}")
+
+    async def decode(self, request: Request, model: Model, key: tuple, items: list) -> list:
+        """The results for `items` of `model` (decoded with others of the same key), or a 503 or 504."""
+        request.state.sentences = getattr(request.state, "sentences", 0) + len(items)
+        if not items:  # e.g. an HTML document of tags only
+            return []
+        texts = [item if isinstance(item, str) else item[0] for item in items]
+        tokens = sum(len(ids) + 1 for ids in model.tokenizer.encode_src(texts))  # +1: EOS
+        timeout = self.config.timeout
+        try:
+            job = self.engine.submit((model.name, *key), items, tokens, timeout)
+        except QueueFull as e:
+            raise HTTPException(503, f"server busy: {e}", headers={"Retry-After": "1"}) from None
+        except Closed as e:
+            raise HTTPException(503, str(e), headers={"Retry-After": "5"}) from None
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(job.future), timeout)
+        except (asyncio.TimeoutError, JobTimeout):
+            job.future.cancel()  # not decoded yet: dropped from every later batch
+            raise HTTPException(504, f"not translated within the server's timeout of {timeout:g} s") from None
+
+    @property
+    def key_required(self) -> bool:
+        return self.config.api_key is not None or self.keys is not None
+
+    def check_key(self, request: Request, given: str | None, chars: int = 0) -> None:
+        """403 unless the request carries a key of the server (body api_key, Authorization: Bearer, or X-API-Key);
+        with a keys file, 413 past the key's characters a request and 429 (Retry-After) past its requests a minute."""
+        if not self.key_required:
+            return
+        auth = request.headers.get("authorization", "")
+        given = given or (auth[7:].strip() if auth[:7].lower() == "bearer " else request.headers.get("x-api-key"))
+        key = self.config.api_key
+        if (
+            key is not None
+            and given
+            and hmac.compare_digest(given.encode("utf-8", "surrogatepass"), key.encode("utf-8", "surrogatepass"))
+        ):
+            return
+        found = self.keys.find(given) if self.keys is not None else None
+        if found is None:
+            raise HTTPException(403, "missing or wrong API key (send api_key, or the header Authorization: Bearer)")
+        request.state.key = found.name
+        if not found.limits.allows_chars(chars):
+            raise HTTPException(
+                413, f"{chars} characters in one request; this key's limit is {found.limits.char_limit}"
+            )
+        decision = self.limiter.check(found.name, found.limits.req_limit)
+        if not decision.allowed:
+            raise HTTPException(
+                429,
+                f"more than {found.limits.req_limit} requests a minute for this key; retry in {decision.retry_after} s",
+                headers={"Retry-After": str(decision.retry_after)},
+            )
+
+
+def create_app(models: Translator | ModelSet, config: ServeConfig | None = None, **settings) -> FastAPI:
+    """The FastAPI app serving `models` (one Translator, or a ModelSet): nanomt's API, LibreTranslate's, the page,
+    /health, /ready, /metrics. `settings` change fields of `config` (default ServeConfig())."""
+    config = dataclasses.replace(config or ServeConfig(), **settings)
+    if isinstance(models, ModelSet):
+        model_set = models
+    else:
+        model_set = ModelSet.of(models, config.languages)
+    server = Server(config, model_set)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        server.engine.start()
+        yield
+        # uvicorn got here after the requests in flight were answered: finish the queue, stop.
+        await asyncio.to_thread(server.engine.close, 60)
+        log.info("queue drained, decoder stopped")
+
+    app = FastAPI(
+        title="nanomt",
+        description="Translate with nanomt Transformers and inspect their attention. POST /translate also speaks "
+        "LibreTranslate's API (q, source, target, format, api_key), as do GET /languages and POST /detect.",
+        lifespan=lifespan,
+    )
+    add_error_handlers(app)
+    api.add_routes(app, server)
+    libretranslate.add_routes(app, server)
+    _add_probes(app, server)
+    # UTF-8 text is at most 4 bytes a character; the slack covers JSON syntax and escapes.
+    add_observer(app, server.metrics, 6 * config.max_chars + 65_536)
+    app.state.server, app.state.engine, app.state.metrics = server, server.engine, server.metrics
+    return app
+
+
+def _model_info(model: Model) -> dict:
+    """What a client may want to know about a model behind the server."""
+    m = model.cfg.model
+    info = {k: getattr(m, k) for k in ("d_model", "n_heads", "n_encoder_layers", "n_decoder_layers")}
+    info.update(src_vocab_size=m.src_vocab_size, tgt_vocab_size=m.tgt_vocab_size, max_positions=m.max_positions)
+    t = model.translator
+    info.update(device=str(t.device) if t else None, int8=t.int8 if t else None, loaded=t is not None)
+    return info
+
+
+def _add_probes(app: FastAPI, server: Server) -> None:
+    """/health, /ready, /metrics and the page: answered on the event loop, never waiting for a model."""
+    config = server.config
+
+    @app.get("/health")
+    async def health() -> dict:
+        """Liveness and the models (the first one's details as `model`, the pair nanomt's API defaults to)."""
+        first = server.models.default
+        return {
+            "status": "ok",
+            "model": _model_info(first),
+            "models": [{"pair": m.name, "path": m.path, **_model_info(m)} for m in server.models.models],
+            "default_beam": server.beam(first),
+            "limits": {"max_sentences": config.max_sentences, "max_chars": config.max_chars, "max_beam": MAX_BEAM},
+            "languages": {"source": first.source, "target": first.target},
+            "api_key_required": server.key_required,
+        }
+
+    @app.get("/ready", responses={503: {"description": "not ready: queue full, shutting down or worker stopped"}})
+    async def ready() -> JSONResponse:
+        """Readiness: the worker runs and the queue has room (else a 503)."""
+        engine = server.engine
+        if engine.closing or not engine.alive():
+            return error(503, "not ready: shutting down" if engine.closing else "not ready: decoder not running")
+        if engine.full():
+            return error(503, "not ready: the queue is full", headers={"Retry-After": "1"})
+        return JSONResponse({"status": "ready", "queue_depth": engine.depth()})
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics_() -> Response:
+        """Prometheus metrics (text exposition format)."""
+        return Response(server.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def page() -> HTMLResponse:
+        """The page: type a sentence, see its translation and cross-attention heatmap."""
+        return HTMLResponse(PAGE.read_text(encoding="utf-8"))

@@ -1,0 +1,136 @@
+"""The API's one error shape, {"error": "...", "detail": ...}, and the reading of request bodies that gives it."""
+
+from __future__ import annotations
+
+import json
+from urllib.parse import parse_qsl
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+
+def error(status: int, message: str, detail=None, headers: dict | None = None) -> JSONResponse:
+    """The one error body of the API: {"error": "...", "detail": ...} (LibreTranslate's clients read "error")."""
+    return JSONResponse({"error": message, "detail": detail}, status_code=status, headers=headers)
+
+
+def describe(errors: list[dict]) -> str:
+    """A one-line summary of pydantic's errors, e.g. 'text: Input should be a valid list'."""
+    parts = []
+    for e in errors:
+        loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body")
+        parts.append(f"{loc}: {e.get('msg', 'invalid')}" if loc else e.get("msg", "invalid"))
+    return "; ".join(parts)
+
+
+def json_safe(errors: list[dict]) -> list[dict]:
+    """pydantic error dicts without their `ctx`/`input` objects, which may not be JSON-serializable."""
+    return [{k: e[k] for k in ("type", "loc", "msg") if k in e} for e in errors]
+
+
+def invalid(errors: list[dict]) -> JSONResponse:
+    """A 400 for text that is no text (a lone surrogate), else a 422 naming every invalid field."""
+    errors = json_safe(errors)
+    bad_text = [e for e in errors if e.get("type") == "lone_surrogate"]
+    if bad_text:
+        return error(400, "invalid text: " + describe(bad_text), errors)
+    return error(422, "invalid request: " + describe(errors), errors)
+
+
+class Refused(Exception):
+    """An early answer from inside an endpoint (a JSONResponse), e.g. a 422 of a body parsed by hand."""
+
+    def __init__(self, response: JSONResponse):
+        self.response = response
+
+
+def check_size(texts: list[str], max_sentences: int, max_chars: int) -> None:
+    """413 when a request holds more sentences or characters than the server takes."""
+    if len(texts) > max_sentences:
+        raise HTTPException(413, f"{len(texts)} sentences in one request; the limit is {max_sentences}")
+    chars = sum(len(t) for t in texts)
+    if chars > max_chars:
+        raise HTTPException(413, f"{chars} characters in one request; the limit is {max_chars}")
+
+
+FORM = "application/x-www-form-urlencoded"
+NOT_JSON = (
+    "send a JSON body with the header Content-Type: application/json (a form body is LibreTranslate's request, "
+    "with a field q)"
+)
+
+
+async def read_body(request: Request) -> object:
+    """The parsed body: JSON, or a form's fields (a repeated q is a list); malformed JSON is a 400."""
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    raw = await request.body()
+    if content_type == FORM:
+        fields: dict = {}
+        for k, v in parse_qsl(raw.decode("utf-8", "replace"), keep_blank_values=True):
+            if k == "q" and k in fields:
+                fields[k] = [*(fields[k] if isinstance(fields[k], list) else [fields[k]]), v]
+            else:
+                fields[k] = v
+        if "q" not in fields:
+            raise Refused(error(415, NOT_JSON))
+        for k in ("alternatives",):
+            if isinstance(fields.get(k), str) and fields[k].isdigit():
+                fields[k] = int(fields[k])
+        return fields
+    if "json" not in content_type:  # e.g. curl -d without -H, or text/plain
+        raise Refused(error(415, NOT_JSON))
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise Refused(error(400, f"malformed JSON: {e.msg} at character {e.pos}")) from None
+    except UnicodeDecodeError as e:
+        raise Refused(error(400, f"malformed JSON: not UTF-8 ({e.reason} at byte {e.start})")) from None
+
+
+def validate(model: type[BaseModel], body: object) -> BaseModel:
+    try:
+        return model.model_validate(body)
+    except ValidationError as e:
+        raise Refused(invalid(e.errors())) from None
+
+
+def add_error_handlers(app: FastAPI) -> None:
+    """Every error comes back as {"error", "detail"}; malformed JSON or text is a 400, a body that is not JSON a 415."""
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = json_safe(exc.errors())
+        if "json" not in request.headers.get("content-type", ""):  # e.g. curl -d without -H: a form, not JSON
+            return error(415, "send a JSON body with the header Content-Type: application/json", errors)
+        bad_json = [e for e in errors if e.get("type") == "json_invalid"]
+        if bad_json:
+            at = bad_json[0]["loc"][-1]  # FastAPI puts the character offset of the syntax error last
+            return error(400, f"malformed JSON: {bad_json[0]['msg']} at character {at}", errors)
+        return invalid(errors)
+
+    @app.exception_handler(Refused)
+    async def refused(request: Request, exc: Refused) -> JSONResponse:
+        return exc.response
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error(exc.status_code, str(exc.detail), headers=exc.headers)  # keeps e.g. a 405's Allow header
+
+    @app.exception_handler(Exception)
+    async def server_error(request: Request, exc: Exception) -> JSONResponse:
+        # Starlette still re-raises the exception afterwards, so the server logs its traceback.
+        return error(500, f"internal server error: {type(exc).__name__}")
+
+
+ERRORS = {
+    400: {"description": "malformed JSON or text"},
+    403: {"description": "missing or wrong API key"},
+    413: {"description": "too many sentences or characters"},
+    415: {"description": "neither JSON nor LibreTranslate's form"},
+    422: {"description": "invalid fields"},
+    503: {"description": "the queue is full or the server is shutting down (with Retry-After)"},
+    504: {"description": "not translated within the server's timeout"},
+}

@@ -1,0 +1,148 @@
+"""The models a server serves, one a language pair: routed by source and target (through a pivot language where no
+model translates a pair), loaded when first asked for, the least recently used unloaded past `max_loaded`."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import re
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nanomt.checkpoint import CheckpointError, find_run_files
+from nanomt.config import Config, ConfigError, load_config
+from nanomt.tokenizer import Tokenizer
+from nanomt.translate import Translator
+
+log = logging.getLogger("nanomt.serve")
+
+LANGUAGE_NAMES = {
+    "ar": "Arabic", "cs": "Czech", "de": "German", "en": "English", "es": "Spanish", "fi": "Finnish",
+    "fr": "French", "hi": "Hindi", "it": "Italian", "ja": "Japanese", "ko": "Korean", "nl": "Dutch",
+    "pl": "Polish", "pt": "Portuguese", "ro": "Romanian", "ru": "Russian", "sv": "Swedish", "tr": "Turkish",
+    "uk": "Ukrainian", "zh": "Chinese",
+}  # fmt: skip
+LANGUAGE_CODE = re.compile(r"[A-Za-z]{2,3}(?:[-_][A-Za-z0-9]{2,8})?")
+
+
+def language_codes(cfg: Config) -> tuple[str, str]:
+    """A run's (source, target) codes: its Hugging Face dataset's, else its training files' suffixes (de, en)."""
+    data = cfg.data
+    if data.hf is not None and data.hf.src_lang and data.hf.tgt_lang:
+        return data.hf.src_lang, data.hf.tgt_lang
+    first = data.train[0] if isinstance(data.train, tuple) else data.train
+    if first.src and first.tgt:
+        codes = Path(first.src).suffix[1:], Path(first.tgt).suffix[1:]
+        if codes[0] != codes[1] and all(LANGUAGE_CODE.fullmatch(c) for c in codes):
+            return codes
+    return "src", "tgt"
+
+
+class NoRoute(ValueError):
+    """No model, and no two through the pivot language, translates the pair asked for."""
+
+
+@dataclass(eq=False)
+class Model:
+    """One run the server serves: its pair, its config and tokenizer (read at start), its Translator once loaded."""
+
+    source: str
+    target: str
+    cfg: Config
+    tokenizer: Tokenizer
+    path: str | None = None  # None: given loaded (a Translator), never unloaded
+    translator: Translator | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def name(self) -> str:
+        return f"{self.source}-{self.target}"
+
+
+class ModelSet:
+    """The served models by pair; `translator(model)` loads one on first use (the decoding worker calls it)."""
+
+    def __init__(self, models: list[Model], pivot: str = "en", max_loaded: int | None = None, device="cpu", int8=False):
+        if not models:
+            raise ValueError("no model to serve")
+        self.by_pair: dict[tuple[str, str], Model] = {}
+        for m in models:
+            if (m.source, m.target) in self.by_pair:
+                raise ValueError(f"two models translate {m.name}; give each pair one (SRC-TGT=RUN names a run's pair)")
+            self.by_pair[(m.source, m.target)] = m
+        self.models, self.pivot, self.max_loaded = models, pivot, max_loaded
+        self.device, self.int8 = device, int8
+        self._loaded: OrderedDict[str, Model] = OrderedDict((m.name, m) for m in models if m.translator is not None)
+        self.on_load = self.on_unload = lambda model: None  # metrics hooks
+
+    @classmethod
+    def of(cls, translator: Translator, languages: tuple[str, str] | None = None) -> ModelSet:
+        """One model, given loaded."""
+        source, target = languages or language_codes(translator.cfg)
+        return cls([Model(source, target, translator.cfg, translator.tokenizer, translator=translator)])
+
+    @classmethod
+    def read(cls, specs, pivot: str, max_loaded: int | None, device: str, int8: bool) -> ModelSet:
+        """The runs of `specs` (ModelSpec), each config and tokenizer read now (a run that cannot be read is a
+        one-line error naming it), their weights when first used."""
+        models = []
+        for spec in specs:
+            try:
+                config_path, tokenizer_dir = find_run_files(spec.path)
+                cfg, tokenizer = load_config(config_path), Tokenizer.load(tokenizer_dir)
+            except (CheckpointError, ConfigError, OSError, ValueError) as e:
+                raise CheckpointError(f"{spec.path}: cannot serve it: {e}") from None
+            source, target = language_codes(cfg)
+            models.append(Model(spec.source or source, spec.target or target, cfg, tokenizer, path=spec.path))
+        return cls(models, pivot, max_loaded, device, int8)
+
+    @property
+    def default(self) -> Model:
+        """The model of nanomt's API requests that name no pair: the first one given."""
+        return self.models[0]
+
+    def route(self, source: str, target: str) -> list[Model]:
+        """The model of the pair, or the two through the pivot language; NoRoute if there are none."""
+        if (source, target) in self.by_pair:
+            return [self.by_pair[(source, target)]]
+        first, second = self.by_pair.get((source, self.pivot)), self.by_pair.get((self.pivot, target))
+        if first is not None and second is not None and source != target:
+            return [first, second]
+        raise NoRoute(f"no model translates {source} to {target} (served: {', '.join(self.pairs())})")
+
+    def pairs(self) -> list[str]:
+        return [m.name for m in self.models]
+
+    def targets(self, source: str) -> list[str]:
+        """Every target a source reaches, directly or through the pivot."""
+        out = []
+        for m in self.models:
+            if m.source == source:
+                out.append(m.target)
+            if m.source == source and m.target == self.pivot:
+                out += [n.target for n in self.models if n.source == self.pivot and n.target != source]
+        return sorted(set(out))
+
+    def sources(self) -> list[str]:
+        return sorted({m.source for m in self.models})
+
+    def translator(self, model: Model) -> Translator:
+        """The model's Translator, loaded now if need be; past max_loaded the least recently used is unloaded."""
+        with model.lock:
+            if model.translator is None:
+                log.info("loading %s (%s)", model.name, model.path)
+                model.translator = Translator.from_checkpoint(model.path, device=self.device, int8=self.int8)
+                self.on_load(model)
+            self._loaded[model.name] = model
+            self._loaded.move_to_end(model.name)
+        while self.max_loaded is not None and len(self._loaded) > self.max_loaded:
+            _, old = self._loaded.popitem(last=False)
+            if old.path is not None and old is not model:
+                with old.lock:
+                    old.translator = None
+                log.info("unloaded %s (the least recently used, past --max-loaded %d)", old.name, self.max_loaded)
+                self.on_unload(old)
+                gc.collect()
+        return model.translator

@@ -1,0 +1,29 @@
+"""`nanomt serve`: load the models a ServeConfig names and serve them with uvicorn until SIGTERM or Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+
+from nanomt.serve.app import create_app
+from nanomt.serve.metrics import json_logs
+from nanomt.serve.models import ModelSet
+from nanomt.serve.settings import ServeConfig
+
+
+def serve(config: ServeConfig) -> None:
+    """Serve config.models; SIGTERM or Ctrl-C stops accepting, answers what came in, exits."""
+    import uvicorn
+
+    if config.api_key is None and os.environ.get("NANOMT_API_KEY"):
+        config = ServeConfig(**{**vars(config), "api_key": os.environ["NANOMT_API_KEY"]})
+    models = ModelSet.read(config.models, config.pivot, config.max_loaded, config.device, config.int8)
+    if config.max_loaded is None or config.max_loaded >= len(models.models):
+        for model in models.models:  # everything fits: loaded now, so the first request does not wait
+            models.translator(model)
+    app = create_app(models, config)
+    if config.access_log:
+        json_logs()
+    uvicorn.run(
+        app, host=config.host, port=config.port, log_level="info", access_log=False,
+        timeout_graceful_shutdown=config.grace_seconds,
+    )  # fmt: skip

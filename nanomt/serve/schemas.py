@@ -1,0 +1,148 @@
+"""nanomt's own API: its request and response bodies, checked by pydantic where a request enters."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    Field,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from nanomt.decoding import Decoding
+from nanomt.glossary import checked
+from nanomt.serve.settings import MAX_BEAM
+
+BeamSize = StrictInt  # strict: `true` or "5" are type errors, not beam sizes
+SURROGATE = re.compile("[\ud800-\udfff]")
+SAMPLING = ("temperature", "top_k", "top_p")
+
+
+def _no_lone_surrogate(text):
+    """JSON may escape half a UTF-16 surrogate pair ("\\ud800"): no character, and nothing can encode it."""
+    bad = SURROGATE.search(text) if isinstance(text, str) else None
+    if bad:
+        raise PydanticCustomError(
+            "lone_surrogate",
+            "a lone surrogate {escape} at character {at}, which is no character (escape a character beyond U+FFFF "
+            "as a surrogate pair, or send it as UTF-8)",
+            {"escape": ascii(bad.group())[1:-1], "at": bad.start()},
+        )
+    return text
+
+
+# Before the str check, which would otherwise reject some of them with a message that does not say why.
+Text = Annotated[StrictStr, BeforeValidator(_no_lone_surrogate)]
+
+
+class TranslateRequest(BaseModel):
+    """Sentences to translate; one string is taken as a list of one. Any sampling setting samples instead."""
+
+    text: list[Text] = Field(min_length=1, description="sentences (a single string is accepted)")
+    beam_size: BeamSize | None = Field(default=None, ge=1, le=MAX_BEAM, description="default: the server's")
+    temperature: StrictFloat | None = Field(
+        default=None, gt=0, allow_inf_nan=False, description="sample at this temperature (default 1 when sampling)"
+    )
+    top_k: StrictInt | None = Field(default=None, ge=0, description="sample from the k likeliest tokens (0: all)")
+    top_p: StrictFloat | None = Field(default=None, gt=0, le=1, description="nucleus sampling (1: off)")
+    seed: StrictInt | None = Field(
+        default=None, ge=0, lt=2**64, description="makes sampling reproducible (default: a fresh draw)"
+    )
+    prefix: list[Text | None] | None = Field(
+        default=None, description="per sentence, target text its translation starts with (null: none)"
+    )
+    glossary: list[tuple[Text, Text]] | dict[Text, Text] | None = Field(
+        default=None, description="[source term, target term] pairs (or an object): terms the translations use"
+    )
+    no_repeat_ngram_size: StrictInt | None = Field(default=None, ge=0, description="no n-gram twice (0: off)")
+    repetition_penalty: StrictFloat | None = Field(
+        default=None, gt=0, allow_inf_nan=False, description="> 1 discourages repeated tokens (1: off)"
+    )
+    source: StrictStr | None = Field(default=None, description="source language code (default: the first model's)")
+    target: StrictStr | None = Field(default=None, description="target language code (default: the first model's)")
+    api_key: StrictStr | None = Field(default=None, description="the server's API key, when it asks for one")
+
+    @field_validator("text", mode="before")
+    @classmethod
+    def _one_string_is_a_list(cls, v):
+        return [v] if isinstance(v, str) else v
+
+    @field_validator("prefix", mode="before")
+    @classmethod
+    def _one_prefix_is_a_list(cls, v):
+        return [v] if isinstance(v, str) else v
+
+    @model_validator(mode="after")
+    def _sampling_or_beam(self):
+        if not self.sampling():
+            if self.seed is not None:
+                raise PydanticCustomError(
+                    "seed_without_sampling", "seed applies to sampling: set temperature, top_k or top_p too"
+                )
+        elif self.beam_size not in (None, 1):
+            raise PydanticCustomError(
+                "beam_with_sampling", "beam_size: sampling draws one translation, so beam_size must be 1 or left out"
+            )
+        if self.prefix is not None and len(self.prefix) != len(self.text):
+            raise PydanticCustomError(
+                "prefix_count", "prefix: one entry per sentence ({n} sentences, {m} prefixes)",
+                {"n": len(self.text), "m": len(self.prefix)},
+            )  # fmt: skip
+        return self
+
+    def decoding(self, defaults: Decoding) -> Decoding:
+        """The request's settings over the server's: built and checked here, where the request enters."""
+        pairs = self.glossary.items() if isinstance(self.glossary, dict) else self.glossary
+        return defaults.replace(
+            beam_size=self.beam_size,
+            sampling=self.sampling(),
+            no_repeat_ngram_size=self.no_repeat_ngram_size,
+            repetition_penalty=self.repetition_penalty,
+            glossary=None if pairs is None else checked(list(pairs), "glossary"),
+        )
+
+    def sampling(self) -> dict | None:
+        """The keyword arguments of decode.sample, or None to search (greedy or beam)."""
+        if all(getattr(self, k) is None for k in SAMPLING):
+            return None
+        settings = {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "seed": self.seed}
+        return {k: v for k, v in settings.items() if v is not None}
+
+
+class TranslateResponse(BaseModel):
+    """One translation per input sentence, in order, and the model time."""
+
+    translations: list[str]
+    seconds: float
+    # sentences whose translation lacks a term the glossary asks for (it could not be placed within the length limit)
+    terms_missed: list[int] | None = None
+    # the language pairs the translations went through, where no one model translates the pair
+    route: list[str] | None = None
+
+
+class AttentionRequest(BaseModel):
+    """One sentence whose translation and cross-attention to return."""
+
+    text: Text = Field(min_length=1)
+    beam_size: BeamSize | None = Field(default=None, ge=1, le=MAX_BEAM)
+    source: StrictStr | None = Field(default=None, description="source language code (default: the first model's)")
+    target: StrictStr | None = Field(default=None, description="target language code (default: the first model's)")
+    api_key: StrictStr | None = Field(default=None, description="the server's API key, when it asks for one")
+
+
+class AttentionResponse(BaseModel):
+    """Subword tokens and the cross-attention weights [layer][head][target][source]."""
+
+    src_tokens: list[str]
+    tgt_tokens: list[str]
+    translation: str
+    cross_attention: list[list[list[list[float]]]]
+    seconds: float
