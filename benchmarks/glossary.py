@@ -27,8 +27,8 @@ from pathlib import Path
 
 import torch
 
-from nanomt.metrics import score
 from nanomt.glossary import required_terms
+from nanomt.metrics import score
 from nanomt.translate import Translator
 
 ROOT = Path(__file__).resolve().parent.parent
