@@ -1,0 +1,444 @@
+"""Files translated with their formatting kept: plain text, HTML, Markdown, subtitles (SRT) and Word (.docx)."""
+
+# Each format turns its text into segments of text and tags (nanomt.markup's items), translates them in one call,
+# and writes the translations back into the file's own structure. Word's runs are elements like HTML's inline tags,
+# so formatting across runs follows the same alignment rule.
+
+from __future__ import annotations
+
+import codecs
+import importlib
+import io
+import re
+import zipfile
+from collections.abc import Callable
+from pathlib import PurePath
+
+from nanomt import markup
+from nanomt.markup import Item, Tag, Text, Translate
+
+# Format of each file name suffix, and the media type each format is sent back with.
+FORMATS = {
+    ".txt": "text",
+    ".text": "text",
+    ".html": "html",
+    ".htm": "html",
+    ".md": "markdown",
+    ".markdown": "markdown",
+    ".srt": "srt",
+    ".docx": "docx",
+}
+MEDIA_TYPES = {
+    "text": "text/plain; charset=utf-8",
+    "html": "text/html",
+    "markdown": "text/markdown; charset=utf-8",
+    "srt": "application/x-subrip",
+    "docx": "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
+}
+MAX_FILE_BYTES = 10 * 2**20  # the largest file accepted
+MAX_TEXT_CHARS = 500_000  # the most characters of text one file may send to the model
+MAX_UNZIPPED_BYTES = 100 * 2**20  # the most a .docx may unpack to (a zip bomb is refused before it is read)
+
+
+class FileError(ValueError):
+    """A file that cannot be translated; the message names the problem in one line."""
+
+
+class UnsupportedFile(FileError):
+    """A file of a type nanomt does not translate, or one that is not what its type says (HTTP 415)."""
+
+
+class FileTooLarge(FileError):
+    """A file over one of the size limits (HTTP 413)."""
+
+
+def file_format(filename: str) -> str:
+    """The format of a file, from its name's suffix."""
+    suffix = PurePath(filename).suffix.lower()
+    if suffix not in FORMATS:
+        known = ", ".join(FORMATS)
+        raise UnsupportedFile(f"{filename}: unsupported file type {suffix or '(no suffix)'!r}; supported: {known}")
+    return FORMATS[suffix]
+
+
+def translate_file(
+    data: bytes, fmt: str, translate: Translate, split: markup.Split | None = None, max_chars: int = MAX_TEXT_CHARS
+) -> bytes:
+    """A file's bytes translated into a file of the same format; an empty file gives an empty file."""
+    if fmt not in HANDLERS:
+        raise UnsupportedFile(f"unsupported format {fmt!r}; supported: {', '.join(HANDLERS)}")
+    if len(data) > MAX_FILE_BYTES:
+        raise FileTooLarge(f"the file has {len(data):,} bytes; the limit is {MAX_FILE_BYTES:,}")
+    if not data:
+        return b""
+    return HANDLERS[fmt](data, _limited(translate, max_chars), split)
+
+
+def _limited(translate: Translate, max_chars: int) -> Translate:
+    """translate, refusing (before any work) a file whose text goes over max_chars characters in all."""
+    total = 0
+
+    def run(sentences: list[str]) -> list[markup.Alignment]:
+        nonlocal total
+        total += sum(map(len, sentences))
+        if total > max_chars:
+            raise FileTooLarge(f"the file's text is longer than the limit of {max_chars:,} characters")
+        return translate(sentences)
+
+    return run
+
+
+# Whitespace other than one space keeps its place through translation: tabs, line breaks, runs of spaces.
+SPACING = re.compile(r"([ \t\n\r\f]*[\t\n\r\f][ \t\n\r\f]*| {2,})")
+
+
+def text_items(text: str) -> list[Item]:
+    """Text as items, whitespace other than single spaces kept as spacing voids."""
+    parts = SPACING.split(text)
+    return [Tag("void", p, space=True) if i % 2 else Text(p) for i, p in enumerate(parts) if p]
+
+
+def joined(items: list[Item]) -> str:
+    """Items whose tags are text, written out."""
+    return "".join(i.text if isinstance(i, Text) else str(i.raw) for i in items)
+
+
+def _library(module: str, package: str):
+    """A format's library, or an UnsupportedFile naming the package to install."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise UnsupportedFile(f"this format needs the {package} package (pip install {package})") from None
+
+
+def _decode(data: bytes, what: str) -> str:
+    """A text file's bytes as UTF-8 (a byte order mark dropped), or an UnsupportedFile naming the first bad byte."""
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise UnsupportedFile(f"the {what} file is not UTF-8 text (invalid byte at offset {e.start})") from None
+
+
+def _encode(text: str, data: bytes) -> bytes:
+    """Text as UTF-8, with a byte order mark where the original had one."""
+    return text.encode("utf-8-sig" if data.startswith(codecs.BOM_UTF8) else "utf-8")
+
+
+LINE = re.compile(r"([^\n]*?)(\r?\n|$)")
+
+
+def _translate_text(data: bytes, translate: Translate, split: markup.Split | None) -> bytes:
+    """Plain text: each line is a paragraph; blank lines, indentation and line endings stay as they were."""
+    text = _decode(data, "text")
+    lines = [m.groups() for m in LINE.finditer(text) if m.group()]
+    done = markup.translate_segments([text_items(body) for body, _ in lines], translate, split)
+    out = [(body if items is None else joined(items)) + end for (body, end), items in zip(lines, done)]
+    return _encode("".join(out), data)
+
+
+META_CHARSET = re.compile(rb"""<meta[^>]*?charset\s*=\s*["']?\s*([A-Za-z0-9_.:-]+)""", re.IGNORECASE)
+
+
+def _translate_html(data: bytes, translate: Translate, split: markup.Split | None) -> bytes:
+    """HTML: sentences translated with their inline tags (nanomt.markup), written in the document's own charset."""
+    found = META_CHARSET.search(data[:4096])
+    charset = found.group(1).decode("ascii") if found and not data.startswith(codecs.BOM_UTF8) else "UTF-8"
+    encoding = "utf-8-sig" if charset == "UTF-8" else charset
+    try:
+        text = data.decode(encoding)
+    except LookupError:
+        raise UnsupportedFile(f"the HTML file declares an unknown charset {charset!r}") from None
+    except UnicodeDecodeError as e:
+        raise UnsupportedFile(f"the HTML file is not {charset} text (invalid byte at offset {e.start})") from None
+    out = markup.translate_html([text], translate, split)[0]
+    return out.encode(encoding, errors="xmlcharrefreplace")  # characters the charset lacks become &#...;
+
+
+# Markdown inline syntax: what is markup (kept) and what is text (translated).
+MD_INLINE = re.compile(
+    r"""(?P<code>`+)
+    | (?P<escape>\\[!-/:-@\[-`{-~])
+    | (?P<auto><(?:[A-Za-z][A-Za-z0-9+.-]{1,31}:[^\s<>]*|[^\s<>@]+@[^\s<>@]+)>)
+    | (?P<html><!--.*?-->|</?[A-Za-z][A-Za-z0-9-]*(?:\s[^<>]*)?/?>)
+    | (?P<open>!?\[)
+    | (?P<close>\](?:\((?:[^()\s]|\([^()\s]*\))*(?:\s+(?:"[^"]*"|'[^']*'|\([^)]*\)))?\s*\)|\[[^\]]*\])?)
+    | (?P<delim>\*+|_+|~~)""",
+    re.VERBOSE | re.DOTALL,
+)
+PUNCTUATION = re.compile(r"[^\w\s]")
+
+
+def _delimiter(line: str, a: int, b: int, pending: list[str]) -> Item:
+    """An emphasis delimiter run at line[a:b]: an open, a close, or text (CommonMark's flanking rules, simplified)."""
+    run, before, after = line[a:b], line[a - 1 : a] or " ", line[b : b + 1] or " "
+    loose_before = before.isspace() or bool(PUNCTUATION.match(before))
+    loose_after = after.isspace() or bool(PUNCTUATION.match(after))
+    left = not after.isspace() and (not PUNCTUATION.match(after) or loose_before)
+    right = not before.isspace() and (not PUNCTUATION.match(before) or loose_after)
+    if run[0] == "_":  # no emphasis inside words joined by underscores (snake_case)
+        left, right = left and (not right or loose_before), right and (not left or loose_after)
+    if right and run in pending:
+        pending.remove(run)
+        return Tag("close", run, run)
+    if left:
+        pending.append(run)
+        return Tag("open", run, run)
+    return Tag("close", run, run) if right else Text(run)
+
+
+def _markdown_line(line: str, pending: list[str]) -> list[Item]:
+    """One line of a Markdown block as text and tags: code, links' targets, emphasis markers and HTML are tags."""
+    items, at = [], 0
+    for m in MD_INLINE.finditer(line):
+        if m.start() < at:
+            continue
+        items += text_items(line[at : m.start()])
+        kind, raw, at = m.lastgroup, m.group(), m.end()
+        if kind == "code":
+            end = re.compile(rf"(?<!`){raw}(?!`)").search(line, m.end())
+            if end is None:
+                items.append(Text(raw))
+                continue
+            raw, at = line[m.start() : end.end()], end.end()
+        if kind == "delim":
+            items.append(_delimiter(line, m.start(), m.end(), pending))
+        elif kind in ("open", "close"):
+            items.append(Tag(kind, raw, "link"))
+        else:
+            items.append(Tag("void", raw))
+    return items + text_items(line[at:])
+
+
+def _markdown_block(doc: str, spans: list[tuple[int, int]]) -> list[Item]:
+    """A block's lines as items; each line break, with the next line's prefix (> or indentation), a spacing void."""
+    items, pending = [], []
+    for i, (a, b) in enumerate(spans):
+        if i + 1 < len(spans):
+            body = doc[a:b].rstrip(" \t")
+            b = a + len(body) - body.endswith("\\")  # a hard break (two spaces or a backslash) stays at the line end
+            items += _markdown_line(doc[a:b], pending)
+            items.append(Tag("void", doc[b : spans[i + 1][0]], space=True))
+        else:
+            items += _markdown_line(doc[a:b], pending)
+    return items
+
+
+def _markdown_regions(doc: str) -> tuple[list[tuple[int, int, list[Item]]], list[tuple[int, int]]]:
+    """The text blocks of a Markdown document (with their items) and its HTML blocks, as spans of doc."""
+    markdown_it = _library("markdown_it", "markdown-it-py")
+    lines = doc.split("\n")
+    starts = [0]
+    for text in lines:
+        starts.append(starts[-1] + len(text) + 1)
+    blocks, html_blocks, cursor = [], [], {}
+    for token in markdown_it.MarkdownIt("commonmark").enable("table").enable("strikethrough").parse(doc):
+        if token.map is None:
+            continue
+        if token.type == "html_block":
+            html_blocks.append((starts[token.map[0]], min(starts[token.map[1]], len(doc))))
+        if token.type != "inline" or not token.content.strip():
+            continue
+        spans = []
+        for k, content in zip(range(token.map[0], token.map[1]), token.content.split("\n")):
+            at = lines[k].find(content, cursor.get(k, 0))
+            if at < 0:  # a line markdown-it rewrote (tabs, escaped pipes): the block is kept as it is
+                break
+            cursor[k] = at + len(content)
+            spans.append((starts[k] + at, starts[k] + at + len(content)))
+        if len(spans) == len(token.content.split("\n")):
+            blocks.append((spans[0][0], spans[-1][1], _markdown_block(doc, spans)))
+    return blocks, html_blocks
+
+
+def _translate_markdown(data: bytes, translate: Translate, split: markup.Split | None) -> bytes:
+    """Markdown: text blocks translated with emphasis, links and inline code kept; code blocks untouched."""
+    text = _decode(data, "Markdown")
+    crlf = "\r\n" in text
+    doc = text.replace("\r\n", "\n")
+    blocks, html_blocks = _markdown_regions(doc)
+    done = markup.translate_segments([items for _, _, items in blocks], translate, split)
+    edits = [(a, b, joined(items)) for (a, b, _), items in zip(blocks, done) if items is not None]
+    html_done = markup.translate_html([doc[a:b] for a, b in html_blocks], translate, split)
+    edits += [(a, b, out) for (a, b), out in zip(html_blocks, html_done)]
+    for a, b, out in sorted(edits, reverse=True):
+        doc = doc[:a] + out + doc[b:]
+    return _encode(doc.replace("\n", "\r\n") if crlf else doc, data)
+
+
+SRT_TAG = re.compile(r"(</?(i|b|u|font)\b[^>]*>|\{\\[^}]*\})", re.IGNORECASE)
+
+
+def _srt_items(content: str) -> list[Item]:
+    """A subtitle's text and its tags (<i>, <b>, <u>, <font>, {\\an8}); its line breaks keep their places."""
+    items, parts = [], SRT_TAG.split(content)
+    for i in range(0, len(parts), 3):
+        items += text_items(parts[i])
+        if i + 1 < len(parts):
+            raw, name = parts[i + 1], (parts[i + 2] or "").lower()
+            kind = "void" if not name else "close" if raw.startswith("</") else "open"
+            items.append(Tag(kind, raw, name))
+    return items
+
+
+def _translate_srt(data: bytes, translate: Translate, split: markup.Split | None) -> bytes:
+    """Subtitles (SRT): each subtitle's text translated, its timing, numbering and line count kept."""
+    srt = _library("srt", "srt")
+    text = _decode(data, "SRT")
+    try:
+        subtitles = list(srt.parse(text))
+    except (srt.SRTParseError, ValueError) as e:
+        raise UnsupportedFile(f"not a valid SRT file: {str(e).splitlines()[0]}") from None
+    done = markup.translate_segments([_srt_items(s.content) for s in subtitles], translate, split)
+    for subtitle, items in zip(subtitles, done):
+        if items is not None:
+            subtitle.content = joined(items)
+    eol = "\r\n" if "\r\n" in text else "\n"
+    return _encode(srt.compose(subtitles, reindex=False, strict=False, eol=eol), data)
+
+
+# Word. A run holding only text is an element (its formatting goes where its words go); hyperlinks and tracked
+# insertions are elements holding runs; anything else (fields, drawings, bookmarks) is a void kept whole.
+W = "{http://schemas.openxmlformats.org/wordprocessingml/2006/main}"
+TEXT_RUN = frozenset({f"{W}rPr", f"{W}t", f"{W}tab", f"{W}br", f"{W}cr", f"{W}lastRenderedPageBreak"})
+CONTAINERS = frozenset({f"{W}hyperlink", f"{W}smartTag", f"{W}ins", f"{W}customXml"})
+WORD_PARTS = frozenset(
+    f"application/vnd.openxmlformats-officedocument.wordprocessingml.{kind}+xml"
+    for kind in ("document.main", "header", "footer")
+)
+
+
+def _is_text_run(run) -> bool:
+    """Whether a run holds only text, tabs and line breaks (a page break or a picture makes it a void)."""
+    breaks = run.findall(f"{W}br")
+    return all(c.tag in TEXT_RUN for c in run) and all(b.get(f"{W}type") in (None, "textWrapping") for b in breaks)
+
+
+def _docx_items(parent, items: list[Item], field: list[int]) -> None:
+    """A paragraph's (or container's) content as items; runs inside a complex field (field[0] > 0) stay voids."""
+    for child in parent:
+        if child.tag.endswith("Pr"):  # properties stay first in their element
+            continue
+        if child.tag == f"{W}r" and field[0] == 0 and _is_text_run(child):
+            items.append(Tag("open", child, str(id(child))))
+            items += text_items(child.text)
+            items.append(Tag("close", child, str(id(child))))
+        elif child.tag in CONTAINERS and field[0] == 0:
+            items.append(Tag("open", child, str(id(child))))
+            _docx_items(child, items, field)
+            items.append(Tag("close", child, str(id(child))))
+            continue  # its fields were counted inside
+        else:
+            items.append(Tag("void", child))
+        for mark in child.iter(f"{W}fldChar"):
+            field[0] += {"begin": 1, "end": -1}.get(mark.get(f"{W}fldCharType"), 0)
+
+
+def _docx_write(paragraph, items: list[Item], source: dict) -> None:
+    """Put a paragraph's translated items back: runs get their text, elements their new order."""
+    order, texts, stack = {paragraph: []}, {}, [paragraph]
+    loose = _Loose(texts, source)
+    for item in items:
+        top = stack[-1]
+        if isinstance(item, Text) or (item.kind == "void" and isinstance(item.raw, str)):
+            text = item.text if isinstance(item, Text) else item.raw
+            (texts[top] if top in texts else loose.pending).append(text)
+        elif item.kind == "open":
+            order[top].append(item.raw)
+            stack.append(item.raw)
+            if item.raw.tag == f"{W}r":
+                texts[item.raw] = []
+                loose.settle(item.raw)
+            else:
+                order[item.raw] = []
+        elif item.kind == "close":
+            stack.pop()
+        else:
+            order[top].append(item.raw)
+            loose.cross()
+    loose.settle(None)
+    for run, parts in texts.items():
+        run.text = "".join(parts)
+    for element, children in order.items():
+        for child in [c for c in element if not c.tag.endswith("Pr")]:
+            element.remove(child)
+        element.extend(children)
+
+
+class _Loose:
+    """Text that falls between runs joins a run beside it, never across a field, bookmark or other void."""
+
+    def __init__(self, texts: dict, source: dict):
+        self.texts, self.source = texts, source
+        self.pending, self.previous, self.crossed = [], None, False
+
+    def cross(self) -> None:
+        """A void: text before it stays with the run before it."""
+        if self.pending and self.previous is not None:
+            self.texts[self.previous].extend(self.pending)
+            self.pending.clear()
+        self.crossed = True
+
+    def settle(self, run) -> None:
+        """A run starts (None: the paragraph ends): the pending text joins it or the previous run."""
+        prev, text = self.previous, "".join(self.pending)
+        if text and run is not None and (prev is None or self.crossed or (text.isspace() and self._leans(prev, run))):
+            self.texts[run][:0] = self.pending
+        elif text and prev is not None:
+            self.texts[prev].extend(self.pending)
+        self.pending.clear()
+        self.previous, self.crossed = prev if run is None else run, False
+
+    def _leans(self, prev, run) -> bool:
+        """Whether whitespace between two runs goes to the second: where the source had it on that side, else to a
+        run that had whitespace at an edge (plain text) rather than one that hugs its words (a bold word)."""
+        before, after = self.source[prev], self.source[run]
+        if before[-1:].isspace() or after[:1].isspace():
+            return not before[-1:].isspace()
+        edged = lambda t: t[:1].isspace() or t[-1:].isspace()  # noqa: E731
+        return edged(after) and not edged(before)
+
+
+def _translate_docx(data: bytes, translate: Translate, split: markup.Split | None) -> bytes:
+    """Word (.docx): paragraphs of the body, tables, headers and footers translated; runs keep their formatting."""
+    _check_zip(data)
+    docx = _library("docx", "python-docx")
+    try:
+        document = docx.Document(io.BytesIO(data))
+    except Exception as e:  # python-docx raises many kinds on a broken package
+        raise UnsupportedFile(f"not a valid Word .docx file: {type(e).__name__}: {e}") from None
+    parts = [p for p in document.part.package.iter_parts() if p.content_type in WORD_PARTS]
+    paragraphs = [p for part in parts for p in part.element.iter(f"{W}p")]
+    segments, sources = [], []
+    for paragraph in paragraphs:
+        items = []
+        _docx_items(paragraph, items, [0])
+        segments.append(items)
+        runs = [i.raw for i in items if isinstance(i, Tag) and i.kind == "open" and i.raw.tag == f"{W}r"]
+        sources.append({run: run.text for run in runs})
+    done = markup.translate_segments(segments, translate, split)
+    for paragraph, items, source in zip(paragraphs, done, sources):
+        if items is not None:
+            _docx_write(paragraph, items, source)
+    out = io.BytesIO()
+    document.save(out)
+    return out.getvalue()
+
+
+def _check_zip(data: bytes) -> None:
+    """Refuse what is not a zip archive, and an archive that would unpack to more than MAX_UNZIPPED_BYTES."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            unpacked = sum(info.file_size for info in archive.infolist())
+    except zipfile.BadZipFile:
+        raise UnsupportedFile("not a valid Word .docx file (not a zip archive)") from None
+    if unpacked > MAX_UNZIPPED_BYTES:
+        raise FileTooLarge(f"the .docx unpacks to {unpacked:,} bytes; the limit is {MAX_UNZIPPED_BYTES:,}")
+
+
+HANDLERS: dict[str, Callable[[bytes, Translate, markup.Split | None], bytes]] = {
+    "text": _translate_text,
+    "html": _translate_html,
+    "markdown": _translate_markdown,
+    "srt": _translate_srt,
+    "docx": _translate_docx,
+}
