@@ -435,19 +435,30 @@ def beam_search(
     limits = _max_lens(model, src, max_len, eos_id)  # (N,)
     space = _space(model, bos_id, eos_id)
     enc = model.encode(src)
-    # Rows are sentence-major: row n*k + j is beam j of active sentence n.
+    # Decoder rows are sentence-major: row n*k + j is beam j of active sentence n.
     to_beams = torch.arange(src.size(0), device=device).repeat_interleave(k)  # (N*k,)
-    rules = space.rules(min_len) + [rule.select(to_beams) for rule in rules]
+    first_rules = space.rules(min_len) + list(rules)
+    rules = [rule.select(to_beams) for rule in first_rules]
     # No preallocated capacity: every step's index_select copies the whole buffer, so it grows as it fills.
-    enc, cache = _select(enc, model.init_cache(enc), to_beams)
+    cache = model.init_cache(enc)
+    # A DecoderCache keeps one row a sentence of cross-attention keys/values, which its beams share (the beams
+    # on the query axis); another model's cache gets a row a beam, as does the encoder output for it.
+    shared = isinstance(cache, DecoderCache)
+    if not shared:
+        enc, cache = _select(enc, cache, to_beams)
     live_log_probs = torch.full((src.size(0), k), -math.inf, device=device)  # (N, k)
     live_log_probs[:, 0] = 0.0  # one live beam at first: k copies of BOS would give k equal candidates
     history = src.new_empty((src.size(0) * k, 0))  # (N*k, t) generated tokens of each live beam
-    tokens = src.new_full((src.size(0) * k, 1), bos_id)  # (N*k, 1)
+    tokens = src.new_full((src.size(0) * (1 if shared else k), 1), bos_id)  # shared: the first step on one beam
     sentences = list(range(src.size(0)))  # the original index of each active sentence
     finished: list[list[Hypothesis]] = [[] for _ in sentences]
     for step in range(int(limits.max())):
-        log_probs, cache = _next_log_probs(model, tokens, enc, cache, rules, Step(step, history, space, bos_id))
+        if step == 0 and shared:  # the one live beam of each sentence, then its row copied to its k beams
+            at = Step(0, history[::k], space, bos_id)
+            log_probs, cache = _next_log_probs(model, tokens, enc, cache, first_rules, at)
+            log_probs, cache = log_probs.repeat_interleave(k, dim=0), cache.expand(k)  # (N*k, V)
+        else:
+            log_probs, cache = _next_log_probs(model, tokens, enc, cache, rules, Step(step, history, space, bos_id))
         at_limit = limits <= step + 1  # (N,)
         cands = _candidates(live_log_probs, log_probs, at_limit, eos_id, space)
         _add_finished(finished, sentences, history, cands, step + 1, score, eos_id)
@@ -458,7 +469,9 @@ def beam_search(
             break
         keep = torch.tensor(keep_list, device=device)  # (N',)
         rows = parent[keep].view(-1)  # (N'*k,) the beams that live on, in their new order
-        if len(keep_list) < len(done):  # beams of one sentence share its memory, so `rows` selects it too
+        if len(keep_list) < len(done) and shared:  # the sentences that go on keep their memory and cross K/V
+            enc, cache = _select_encoded(enc, keep), cache.index_select(rows, sentences=keep)
+        elif len(keep_list) < len(done):  # beams of one sentence share its memory, so `rows` selects it too
             enc, cache = _select(enc, cache, rows)
         else:  # beams only move within their sentence: the cross-attention keys/values stay where they are
             cache = cache.index_select(rows, cross=False)

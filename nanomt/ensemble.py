@@ -47,7 +47,7 @@ class Ensemble(nn.Module):
 
     def _split_cache(self, cache: DecoderCache) -> list[DecoderCache]:
         """Each member's layers of the joint cache."""
-        return [DecoderCache(cache.layers[layers], cache.length) for layers in self._layers]
+        return [DecoderCache(cache.layers[layers], cache.length, cache.beams) for layers in self._layers]
 
     def encode(self, src: Tensor, need_weights: bool = False) -> Encoded:
         """src (B, S) -> every member's memory, side by side on the feature axis: (B, S, D_1 + ... + D_M)."""
@@ -76,7 +76,7 @@ class Ensemble(nn.Module):
             if out.cache is not None:
                 layers.extend(out.cache.layers)
         mean = torch.logsumexp(torch.stack(log_probs), dim=0) - math.log(len(log_probs))  # (B, T, V)
-        new_cache = None if cache is None else DecoderCache(tuple(layers), cache.length + tgt.size(1))
+        new_cache = None if cache is None else DecoderCache(tuple(layers), cache.length + tgt.size(1), cache.beams)
         return DecoderOutput(mean, new_cache)
 
     def forward(self, src: Tensor, tgt: Tensor, need_weights: bool = False) -> Tensor:

@@ -186,13 +186,26 @@ class CrossAttention(nn.Module):
         return split_heads(k, self.n_heads), split_heads(v, self.n_heads)
 
     def forward(
-        self, x: Tensor, kv: tuple[Tensor, Tensor], mask: Tensor, need_weights: bool = False
+        self, x: Tensor, kv: tuple[Tensor, Tensor], mask: Tensor, need_weights: bool = False, beams: int = 1
     ) -> tuple[Tensor, Tensor | None]:
-        """x (B, T, D) -> output (B, T, D), weights (B, H, T, S) or None."""
+        """x (B, T, D) -> output (B, T, D), weights (B, H, T, S) or None.
+
+        beams > 1: x holds one new position of `beams` consecutive rows per sentence, and kv and mask one row per
+        sentence: the beams' queries share their sentence's keys and values, which are then read once, not once
+        a beam (CTranslate2 does the same).
+        """
+        b, t, d = x.shape
+        if beams > 1:
+            x = x.view(b // beams, beams * t, d)  # (N, k, D): the beams on the query axis
         q = split_heads(self.q(x), self.n_heads)  # (B, H, T, K)
         dropout_p = self.dropout_p if self.training else 0.0
         y, weights = attention(q, kv[0], kv[1], mask, False, dropout_p, need_weights)
-        return self.out(merge_heads(y)), weights
+        y = merge_heads(y)
+        if beams > 1:
+            y = y.reshape(b, t, d)  # (B, 1, D)
+            if weights is not None:
+                weights = weights.transpose(1, 2).reshape(b, t, *weights.shape[1::2]).transpose(1, 2)  # (B, H, 1, S)
+        return self.out(y), weights
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -269,8 +282,8 @@ class LayerCache:
 
     self_k: Tensor  # (B, H, capacity, K): positions < DecoderCache.length are filled
     self_v: Tensor  # (B, H, capacity, K)
-    cross_k: Tensor  # (B, H, S, K)
-    cross_v: Tensor  # (B, H, S, K)
+    cross_k: Tensor  # (N, H, S, K): one row per sentence, N = B / DecoderCache.beams
+    cross_v: Tensor  # (N, H, S, K)
 
 
 @dataclass(frozen=True)
@@ -283,19 +296,26 @@ class DecoderCache:
 
     layers: tuple[LayerCache, ...]
     length: int
+    beams: int = 1  # consecutive rows per sentence (a beam search's beams), sharing its cross-attention K/V
 
-    def index_select(self, index: Tensor, cross: bool = True) -> DecoderCache:
-        """Keep/reorder batch rows; cross=False keeps cross-attention K/V as is (every row keeps its source)."""
+    def index_select(self, index: Tensor, cross: bool = True, sentences: Tensor | None = None) -> DecoderCache:
+        """Keep/reorder batch rows; the cross-attention K/V follow `sentences` where given (beams > 1: one row a
+        sentence), else the rows when cross (beams == 1), else stay as they are (every row keeps its source)."""
         layers = []
         for c in self.layers:
             self_kv = (c.self_k.index_select(0, index), c.self_v.index_select(0, index))
-            cross_kv = (
-                (c.cross_k.index_select(0, index), c.cross_v.index_select(0, index))
-                if cross
-                else (c.cross_k, c.cross_v)
-            )
+            pick = sentences if sentences is not None else index if cross else None
+            cross_kv = (c.cross_k, c.cross_v) if pick is None else (c.cross_k[pick], c.cross_v[pick])
             layers.append(LayerCache(*self_kv, *cross_kv))
-        return DecoderCache(tuple(layers), self.length)
+        return DecoderCache(tuple(layers), self.length, self.beams)
+
+    def expand(self, beams: int) -> DecoderCache:
+        """Each row copied to `beams` consecutive rows (a beam search after its first step), cross K/V shared."""
+        if not self.layers:  # a decoder without layers keeps nothing
+            return DecoderCache((), self.length, beams)
+        rows = torch.arange(self.layers[0].self_k.size(0), device=self.layers[0].self_k.device)
+        cache = self.index_select(rows.repeat_interleave(beams), cross=False)
+        return DecoderCache(cache.layers, cache.length, beams)
 
 
 class DecoderLayer(nn.Module):
@@ -319,8 +339,10 @@ class DecoderLayer(nn.Module):
         src_mask: Tensor,
         past: tuple[Tensor, Tensor, int] | None = None,
         need_weights: bool = False,
+        beams: int = 1,
     ) -> tuple[Tensor, tuple[Tensor, Tensor], Tensor | None, Tensor | None]:
-        """x (B, T, D) -> (x, self keys/values (with past: the cache buffers), self weights, cross weights)."""
+        """x (B, T, D) -> (x, self keys/values (with past: the cache buffers), self weights, cross weights);
+        beams: rows per sentence of cross_kv and src_mask (CrossAttention)."""
         t_new = x.size(1)
         t_total = t_new + (0 if past is None else past[2])
         # No past: the fused kernel's built-in causal mask. One new token sees everything before it.
@@ -329,13 +351,13 @@ class DecoderLayer(nn.Module):
         if self.norm_first:
             h, self_w, kv = self.self_attn(self.norm1(x), self_mask, is_causal, past, need_weights)
             x = x + self.dropout(h)
-            h, cross_w = self.cross_attn(self.norm2(x), cross_kv, src_mask, need_weights)
+            h, cross_w = self.cross_attn(self.norm2(x), cross_kv, src_mask, need_weights, beams)
             x = x + self.dropout(h)
             x = x + self.dropout(self.ffn(self.norm3(x)))
         else:
             h, self_w, kv = self.self_attn(x, self_mask, is_causal, past, need_weights)
             x = self.norm1(x + self.dropout(h))
-            h, cross_w = self.cross_attn(x, cross_kv, src_mask, need_weights)
+            h, cross_w = self.cross_attn(x, cross_kv, src_mask, need_weights, beams)
             x = self.norm2(x + self.dropout(h))
             x = self.norm3(x + self.dropout(self.ffn(x)))
         return x, kv, self_w, cross_w
@@ -532,14 +554,15 @@ class Transformer(nn.Module):
             else:
                 c = cache.layers[i]
                 past, cross_kv = (c.self_k, c.self_v, start), (c.cross_k, c.cross_v)
-            x, (k, v), self_w, cross_w = layer(x, cross_kv, enc.src_mask, past, need_weights)
+            beams = 1 if cache is None else cache.beams
+            x, (k, v), self_w, cross_w = layer(x, cross_kv, enc.src_mask, past, need_weights, beams)
             if cache is not None:
                 new_layers.append(LayerCache(k, v, *cross_kv))
             if need_weights:
                 self_ws.append(self_w)
                 cross_ws.append(cross_w)
         logits = self.logits(self.decoder_norm(x), restricted)  # (B, T, V), or (B, T, K) restricted
-        new_cache = None if cache is None else DecoderCache(tuple(new_layers), start + tgt.size(1))
+        new_cache = None if cache is None else DecoderCache(tuple(new_layers), start + tgt.size(1), cache.beams)
         return DecoderOutput(logits, new_cache, self_ws, cross_ws)
 
     def forward(self, src: Tensor, tgt: Tensor, need_weights: bool = False, restricted: bool = False):
