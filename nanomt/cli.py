@@ -244,6 +244,11 @@ def cmd_export(args: argparse.Namespace) -> None:
             from nanomt.interop.marian_export import export_marian
 
             out = export_marian(args.run, args.out)  # several checkpoints (an ensemble) are refused there
+        elif args.target == "argos":
+            from nanomt.interop.argos import export_argos
+
+            languages, names = (args.source_language, args.target_language), (args.source_name, args.target_name)
+            out = export_argos(args.run, args.out, *languages, names, args.package_version, args.quantization)
         else:
             from nanomt.interop.onnx import export_onnx
 
@@ -561,6 +566,15 @@ def build_parser() -> argparse.ArgumentParser:
     e = export_sub.add_parser("marian", help="a Hugging Face Marian directory (MarianMTModel, MarianTokenizer)")
     e.add_argument("run", nargs="+", metavar="RUN", help=f"{CHECKPOINT_HELP}; one (several, an ensemble, are refused)")
     e.add_argument("--out", required=True, help="the directory to write (new or empty)")
+    e = export_sub.add_parser("argos", help="an Argos Translate package (.argosmodel) for Argos and LibreTranslate")
+    e.add_argument("run", help=CHECKPOINT_HELP)
+    e.add_argument("--out", required=True, help="the .argosmodel file to write")
+    e.add_argument("--source", dest="source_language", help="the source language's code (default: the run's, e.g. de)")
+    e.add_argument("--target", dest="target_language", help="the target language's code (default: the run's, e.g. en)")
+    e.add_argument("--source-name", default=None, help="the source language's name, e.g. German (default: its code)")
+    e.add_argument("--target-name", default=None, help="the target language's name, e.g. English (default: its code)")
+    e.add_argument("--package-version", default="1.0", help="the package's version (default 1.0)")
+    e.add_argument("--quantization", default=None, help="CTranslate2's weight type to store (default float32)")
     s.set_defaults(func=cmd_export)
 
     s = sub.add_parser("demo", help="train on the toy language pair and show translations and attention")
