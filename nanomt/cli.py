@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.metadata
 import json
 import logging
-import os
-import shutil
 import sys
-from collections.abc import Iterator
 from pathlib import Path
-from typing import TextIO
 
+from nanomt.cli_translate import BUFFER_SIZE
 from nanomt.config import ConfigError
+from nanomt.files import FORMATS
 
 log = logging.getLogger("nanomt")
 
@@ -32,28 +29,6 @@ def check_device(device: str) -> None:
     from nanomt.runtime import pick_device
 
     pick_device(device, option="--device")
-
-
-@contextlib.contextmanager
-def _output(path: str | None) -> Iterator[TextIO]:
-    """stdout, or a file replaced only once every line is written: a failure or Ctrl-C leaves its old contents."""
-    if not path:
-        yield sys.stdout
-        return
-    final = Path(os.path.realpath(path))  # through a symlink to the file it names
-    if final.exists() and not final.is_file():  # /dev/stdout, a named pipe: nothing to replace
-        with open(final, "w", encoding="utf-8") as f:
-            yield f
-        return
-    tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")  # same directory, so the rename is atomic
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            yield f
-        if final.exists():
-            shutil.copymode(final, tmp)
-        os.replace(tmp, final)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def sampling_options(args: argparse.Namespace) -> dict | None:
@@ -96,40 +71,15 @@ def decoding_changes(args: argparse.Namespace) -> dict:
     return changes
 
 
-def _write_translations(out: TextIO, translator, lines: list[str], first: int, **kwargs) -> None:
-    n_best = kwargs.get("n_best", 1)
-    if n_best > 1:
-        # K lines per input sentence: index, score, translation (tab-separated), best first.
-        for i, hyps in enumerate(translator.translate_n_best(lines, **kwargs), first):
-            for text, score in hyps:
-                out.write(f"{i}\t{score:.4f}\t{text}\n")
-    else:
-        for text in translator.translate(lines, **kwargs):
-            out.write(text + "\n")
-
-
 def cmd_translate(args: argparse.Namespace) -> None:
-    from nanomt.data import read_lines, stream_lines
+    from nanomt import cli_translate
     from nanomt.translate import Translator
 
     changes = decoding_changes(args)  # refused before the model is loaded
-    prefixes = read_lines(args.prefix_file) if args.prefix_file else None
+    cli_translate.check_modes(args)
     check_device(args.device)
     translator = Translator.from_checkpoints(args.checkpoints, device=args.device, int8=args.int8)
-    with _output(args.output) as out:
-        if not args.input and sys.stdin.isatty():
-            if prefixes is not None:
-                raise ValueError("--prefix-file needs --input (a prefix a line of the input)")
-            # A person typing: each line is translated as soon as it is entered, not at the end of the input.
-            for i, line in enumerate(stream_lines(sys.stdin.buffer)):
-                _write_translations(out, translator, [line], i, max_tokens=args.max_tokens, **changes)
-                out.flush()
-        else:
-            lines = read_lines(args.input) if args.input else list(stream_lines(sys.stdin.buffer))
-            if prefixes is not None and len(prefixes) != len(lines):
-                raise ValueError(f"--prefix-file has {len(prefixes)} lines, the input {len(lines)}: one prefix a line")
-            kwargs = {"max_tokens": args.max_tokens, "progress": sys.stderr.isatty(), **changes}
-            _write_translations(out, translator, lines, 0, **kwargs, **({"prefixes": prefixes} if prefixes else {}))
+    cli_translate.run(args, translator, changes)
 
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
@@ -445,11 +395,30 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser(
         "translate",
-        help="translate one sentence a line (stdin to stdout by default; line by line when typed at a terminal)",
+        help="translate one sentence a line (stdin to stdout by default; line by line when typed at a terminal), "
+        "paragraphs (--split) or a document (--format)",
     )
     s.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT", help=ENSEMBLE_HELP)
     s.add_argument("--input", "-i", help="input file (default stdin)")
     s.add_argument("--output", "-o", help="output file (default stdout), replaced only once every line is translated")
+    s.add_argument(
+        "--split",
+        action="store_true",
+        help="each line is a paragraph: split into sentences (URLs, e-mail addresses, code and emojis kept as they "
+        "are), translated, joined into one output line",
+    )
+    s.add_argument(
+        "--format",
+        choices=sorted(set(FORMATS.values())),
+        help="the input is one document of this format, translated with its formatting and written in it",
+    )
+    s.add_argument(
+        "--buffer-size",
+        type=int,
+        default=BUFFER_SIZE,
+        metavar="N",
+        help=f"lines read, sorted and translated at a time: memory holds one chunk (default {BUFFER_SIZE:,})",
+    )
     s.add_argument("--n-best", type=int, default=1, help="print the K best: 'index<TAB>score<TAB>text' lines")
     add_search_flags(s)
     s.add_argument(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -31,6 +32,10 @@ RUN_CONFIG, RUN_TOKENIZER = "config.yaml", "tokenizer"
 FINE_TUNABLE = ("dropout", "attention_dropout", "activation_dropout")
 # The data keys that made the tokenizer: with train.init_from, the tokenizer is the other run's.
 TOKENIZER_KEYS = ("tokenizer", "vocab_size", "shared_vocab", "character_coverage", "tokenizer_sentences")
+
+
+# A language code as a file suffix: "de", "eng", "pt-BR", "zh_Hant".
+LANGUAGE_CODE = re.compile(r"[A-Za-z]{2,3}(?:[-_][A-Za-z0-9]{2,8})?")
 
 
 class ConfigError(ValueError):
@@ -308,6 +313,19 @@ class Config:
         if self.train.bidirectional_epochs and self.model.restrict_output and self.train.accum_steps > 1:
             # A group of batches spanning the switch would score its reversed pairs with the narrowed output layer.
             raise ValueError("train.bidirectional_epochs with model.restrict_output needs train.accum_steps: 1")
+
+
+def language_codes(cfg: Config) -> tuple[str, str]:
+    """A run's (source, target) codes: its Hugging Face dataset's, else its training files' suffixes (de, en)."""
+    data = cfg.data
+    if data.hf is not None and data.hf.src_lang and data.hf.tgt_lang:
+        return data.hf.src_lang, data.hf.tgt_lang
+    first = data.train[0] if isinstance(data.train, tuple) else data.train
+    if first.src and first.tgt:
+        codes = Path(first.src).suffix[1:], Path(first.tgt).suffix[1:]
+        if codes[0] != codes[1] and all(LANGUAGE_CODE.fullmatch(c) for c in codes):
+            return codes
+    return "src", "tgt"
 
 
 def _is_dataclass_type(tp: Any) -> bool:

@@ -51,8 +51,9 @@ def _split_files(split: SplitConfig, name: str) -> dict[str, Path]:
     raise CorpusError(f"data.{name}: give src and tgt files, or a tsv file")
 
 
-def _lines(path: Path) -> Iterator[str]:
+def file_lines(path: str | Path) -> Iterator[str]:
     """Stream the lines of a UTF-8 file without their line endings; bad bytes raise naming the line."""
+    path = Path(path)
     if not path.is_file():
         raise CorpusError(f"{path}: file not found")
     with open(path, "rb") as f:
@@ -72,7 +73,7 @@ def stream_lines(stream: BinaryIO, name: str = "<stdin>") -> Iterator[str]:
 
 def read_lines(path: str | Path) -> list[str]:
     """All lines of a UTF-8 text file, without line endings (one-line errors for a missing file or bad bytes)."""
-    return list(_lines(Path(path)))
+    return list(file_lines(Path(path)))
 
 
 def _tsv_fields(line: str, path: Path, n: int) -> tuple[str, str]:
@@ -90,14 +91,14 @@ def check_split(split: SplitConfig, name: str) -> None:
     """Validate a split fully (files exist, UTF-8, aligned line counts, TSV shape), streaming the files."""
     files = _split_files(split, name)
     if "tsv" in files:
-        for n, line in enumerate(_lines(files["tsv"]), 1):
+        for n, line in enumerate(file_lines(files["tsv"]), 1):
             _tsv_fields(line, files["tsv"], n)
         return
     for path in files.values():  # name a missing file before reading either
         if not path.is_file():
             raise CorpusError(f"{path}: file not found")
-    n_src = sum(1 for _ in _lines(files["src"]))
-    n_tgt = sum(1 for _ in _lines(files["tgt"]))
+    n_src = sum(1 for _ in file_lines(files["src"]))
+    n_tgt = sum(1 for _ in file_lines(files["tgt"]))
     if n_src != n_tgt:
         raise _mismatch(files["src"], n_src, files["tgt"], n_tgt)
 
@@ -120,11 +121,11 @@ def read_pairs(split: SplitConfig, name: str) -> Iterator[tuple[str, str]]:
     """Stream (src, tgt) pairs of a split, stripped of surrounding whitespace; errors as in check_split."""
     files = _split_files(split, name)
     if "tsv" in files:
-        for n, line in enumerate(_lines(files["tsv"]), 1):
+        for n, line in enumerate(file_lines(files["tsv"]), 1):
             src, tgt = _tsv_fields(line, files["tsv"], n)
             yield src.strip(), tgt.strip()
         return
-    src_lines, tgt_lines = _lines(files["src"]), _lines(files["tgt"])
+    src_lines, tgt_lines = file_lines(files["src"]), file_lines(files["tgt"])
     n = 0
     for src, tgt in itertools.zip_longest(src_lines, tgt_lines):
         if src is None or tgt is None:

@@ -126,6 +126,19 @@ def _fit(
     return fitted, cut
 
 
+def cut_sentence(text: str, max_tokens: int, count_tokens: TokenCounter) -> list[str]:
+    """`text` in pieces of at most `max_tokens` tokens (a piece of one character excepted), holding every character
+    but the whitespace between them: at clause punctuation where there is some, else between words, else by windows."""
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    a, b = _stripped(text, 0, len(text))
+    if a == b:
+        return []
+    if count_tokens([text[a:b]])[0] <= max_tokens:
+        return [text[a:b]]
+    return [text[x:y] for x, y, _ in _cut(text, a, b, max_tokens, count_tokens)]
+
+
 def pass_through_spans(text: str) -> list[tuple[int, int]]:
     """(start, end) of every URL, e-mail address, inline code and emoji run in `text`, in order."""
     return [m.span() for m in PASS_THROUGH.finditer(text)]

@@ -151,6 +151,8 @@ def _translate_html(data: bytes, translate: Translate, split: markup.Split | Non
     except UnicodeDecodeError as e:
         raise UnsupportedFile(f"the HTML file is not {charset} text (invalid byte at offset {e.start})") from None
     out = markup.translate_html([text], translate, split)[0]
+    if charset == "UTF-8":  # a byte order mark where the original had one
+        return _encode(out, data)
     return out.encode(encoding, errors="xmlcharrefreplace")  # characters the charset lacks become &#...;
 
 

@@ -112,6 +112,13 @@ class Tokenizer:
             return [_join_pieces(self._tgt, self.tgt_pieces(seq)) for seq in kept]
         return [self._tgt.decode(seq) for seq in kept]
 
+    def src_piece_texts(self, texts: list[str]) -> list[list[str]]:
+        """Each text's source pieces as strings, one per id of encode_src: a piece the vocabulary lacks is its text."""
+        if self._src_table is None:
+            return _encode(self._src, texts, 0.0, out_type=str)
+        tags, rests = zip(*map(_split_tag, texts)) if texts else ((), ())
+        return [list(tag) + ps for tag, ps in zip(tags, _encode(self._src, list(rests), 0.0, out_type=str))]
+
     def src_pieces(self, ids: list[int]) -> list[str]:
         """Source ids to their subword strings (for attention plots)."""
         if self._src_table is not None:

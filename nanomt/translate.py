@@ -16,13 +16,16 @@ from nanomt.config import Config
 from nanomt.data import make_batches
 from nanomt.decode import Hypothesis, search
 from nanomt.decoding import Decoding, batch_decoding
+from nanomt.documents import cut_sentence, join_pieces, replace_unknowns
 from nanomt.ensemble import Ensemble
 from nanomt.glossary import required_terms
+from nanomt.markup import Alignment, cross_attention
 from nanomt.model import Transformer, prune_output
 from nanomt.quantize import quantize_int8
 from nanomt.tokenizer import Tokenizer
 
 log = logging.getLogger("nanomt")
+ALIGN_BATCH = 32  # sentences a teacher-forced pass reads for their alignments
 
 
 @dataclass(frozen=True)
@@ -37,30 +40,83 @@ class SentenceAttention:
     cross: list[np.ndarray]  # per layer (H, T, S)
 
 
-def source_ids(tokenizer: Tokenizer, cfg: Config, sentences: list[str]) -> list[list[int]]:
-    """Each sentence's ids and EOS ([] for an empty line), cut to the model's positions (a warning says so)."""
-    limit = cfg.model.max_positions - 1  # the source gets an EOS
+def src_limit(cfg: Config) -> int:
+    """The most source tokens one decoded row holds (its EOS takes the last position): a longer sentence is cut."""
+    return cfg.model.max_positions - 1
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """Sentences as the rows the model decodes: a sentence over the length limit is several rows, its pieces."""
+
+    src: list[list[int]]  # per row, its source ids and EOS ([] for an empty line)
+    prefix: list[list[int]]  # per row, its forced target prefix (a cut sentence's first piece gets the sentence's)
+    phrases: list[list[list[int]]]  # per row, the glossary terms its translation must contain
+    sentence_of: list[int]  # per row, the sentence it is (a piece of)
+    cut: list[int]  # the sentences longer than the limit, decoded in pieces and joined: no input is ever cut off
+
+
+def _rows(tokenizer: Tokenizer, cfg: Config, sentences: list[str]) -> tuple[list[str], list[list[int]], list[int]]:
+    """Row texts, their source ids (EOS not yet added) and their sentences: each long sentence in pieces."""
+    limit = src_limit(cfg)
     ids = tokenizer.encode_src(sentences)
-    too_long = sum(len(s) > limit for s in ids)
-    if too_long:
-        log.warning("%d input line(s) longer than %d tokens were truncated", too_long, limit)
-    return [s[:limit] + [cfg.model.eos_id] if s else [] for s in ids]
+    count = lambda texts: [len(x) for x in tokenizer.encode_src(texts)]  # noqa: E731
+    texts, rows, owner = [], [], []
+    for i, (sentence, sentence_ids) in enumerate(zip(sentences, ids)):
+        pieces = [sentence] if len(sentence_ids) <= limit else cut_sentence(sentence, limit, count)
+        piece_ids = [sentence_ids] if len(pieces) == 1 and pieces[0] is sentence else tokenizer.encode_src(pieces)
+        # a piece of one character over the limit (a character of many byte pieces) keeps what fits
+        texts += pieces
+        rows += [p[:limit] for p in piece_ids]
+        owner += [i] * len(pieces)
+    return texts, rows, owner
 
 
 def prepare(
     tokenizer: Tokenizer, cfg: Config, sentences: list[str], decoding: Decoding, prefixes: list[str] | None
-) -> tuple[list, list, list]:
-    """Per sentence: source ids (EOS included), prefix ids and glossary phrase ids; ValueError naming what does not
-    fit (a prefix past its sentence's length limit, a term the vocabulary cannot write)."""
-    ids = source_ids(tokenizer, cfg, sentences)
-    targets = prefix_ids(tokenizer, prefixes, len(sentences))
-    for i, (src, prefix) in enumerate(zip(ids, targets)):
+) -> Prepared:
+    """The rows to decode; ValueError naming what does not fit (a prefix past its sentence's length limit, a term
+    the vocabulary cannot write)."""
+    texts, rows, owner = _rows(tokenizer, cfg, sentences)
+    cut = sorted({i for k, i in enumerate(owner) if k > 0 and owner[k - 1] == i})
+    if cut:
+        log.info("%d sentence(s) longer than %d tokens translated in pieces", len(cut), src_limit(cfg))
+    wanted = prefix_ids(tokenizer, prefixes, len(sentences))
+    targets = [wanted[i] if k == 0 or owner[k - 1] != i else [] for k, i in enumerate(owner)]
+    ids = [r + [cfg.model.eos_id] if r else [] for r in rows]
+    for src, prefix, i in zip(ids, targets, owner):
         budget = decoding.max_len(len(src) - 1, cfg.model.max_positions)
         if src and prefix and len(prefix) >= budget:
             raise ValueError(
                 f"sentence {i + 1}: its prefix of {len(prefix)} tokens does not fit its length limit ({budget})"
             )
-    return ids, targets, phrase_ids(tokenizer, sentences, decoding)
+    return Prepared(ids, targets, phrase_ids(tokenizer, texts, decoding), owner, cut)
+
+
+def joined(rows: list[list[Hypothesis]], sentence_of: list[int], n: int) -> list[list[Hypothesis]]:
+    """Each sentence's hypotheses from its rows': the k-th joins every piece's k-th (or last), scores summed."""
+    pieces: list[list[list[Hypothesis]]] = [[] for _ in range(n)]
+    for hyps, i in zip(rows, sentence_of):
+        pieces[i].append(hyps)
+    out = []
+    for parts in pieces:
+        if len(parts) == 1:
+            out.append(parts[0])
+            continue
+        depth = max(len(hyps) for hyps in parts)
+        chosen = [[hyps[min(k, len(hyps) - 1)] for hyps in parts] for k in range(depth)]
+        out.append(
+            [
+                Hypothesis(
+                    tokens=[t for h in hs for t in h.tokens],
+                    score=sum(h.score for h in hs),
+                    log_prob=sum(h.log_prob for h in hs),
+                    terms_missed=any(h.terms_missed for h in hs),
+                )
+                for hs in chosen
+            ]
+        )
+    return out
 
 
 def prefix_ids(tokenizer: Tokenizer, prefixes: list[str] | None, n: int) -> list[list[int]]:
@@ -129,11 +185,12 @@ class Translator:
             if other.fingerprint() != tokenizer.fingerprint():
                 raise CheckpointError(f"{path}: its tokenizer differs from {paths[0]}'s (an ensemble shares one)")
         ensemble = Ensemble([model for model, _, _ in loaded])
-        # Its positions are its shortest member's: source lines are truncated to fit every member.
+        # Its positions are its shortest member's: longer sentences are decoded in pieces that fit every member.
         return cls(ensemble, tokenizer, dataclasses.replace(cfg, model=ensemble.cfg), device, int8)
 
-    def _encode(self, sentences: list[str]) -> list[list[int]]:
-        return source_ids(self.tokenizer, self.cfg, sentences)
+    def count_tokens(self, texts: list[str]) -> list[int]:
+        """The source tokens of each text, EOS not counted (what the length limit, src_limit, applies to)."""
+        return [len(ids) for ids in self.tokenizer.encode_src(texts)]
 
     def _max_len(self, src_len: int) -> int:
         return self.default_decoding.max_len(src_len, self.cfg.model.max_positions)
@@ -159,7 +216,15 @@ class Translator:
         (Decoding's fields; None leaves one as it is); `prefixes`: per sentence, text the translation starts with.
         """
         decoding = (decoding or self.default_decoding).replace(**settings)
-        ids, targets, phrases = prepare(self.tokenizer, self.cfg, sentences, decoding, prefixes)
+        prepared = prepare(self.tokenizer, self.cfg, sentences, decoding, prefixes)
+        rows = self._decode(prepared, decoding, max_tokens, progress)
+        return joined(rows, prepared.sentence_of, len(sentences))
+
+    def _decode(
+        self, prepared: Prepared, decoding: Decoding, max_tokens: int | None, progress: bool = False
+    ) -> list[list[Hypothesis]]:
+        """Every row's hypotheses: rows batched by length within the token budget, in input order."""
+        ids = prepared.src
         lens = np.array([len(s) for s in ids])
         results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] for _ in ids]
         todo = np.flatnonzero(lens > 0)  # empty lines translate to empty lines
@@ -172,7 +237,8 @@ class Translator:
             for row, i in enumerate(idx):
                 src[row, : lens[i]] = torch.tensor(ids[i])
             chosen = batch_decoding(decoding, k)
-            hyps = search(self.model, src.to(self.device), chosen, [targets[i] for i in idx], [phrases[i] for i in idx])
+            targets, phrases = [prepared.prefix[i] for i in idx], [prepared.phrases[i] for i in idx]
+            hyps = search(self.model, src.to(self.device), chosen, targets, phrases)
             for i, h in zip(idx, hyps):
                 results[i] = h
             bar.update(len(idx))
@@ -189,20 +255,51 @@ class Translator:
         return self.tokenizer.decode_tgt([h[0].tokens for h in hyps])
 
     def translate_n_best(
-        self, sentences: list[str], n_best: int | None = None, decoding: Decoding | None = None, **kwargs
-    ):
-        """The n_best (translation, score) pairs of every sentence (n_best: default the decoding's)."""
+        self,
+        sentences: list[str],
+        n_best: int | None = None,
+        decoding: Decoding | None = None,
+        replace_unknowns: bool = False,
+        **kwargs,
+    ) -> list[list[tuple[str, float]]]:
+        """The n_best (translation, score) pairs of every sentence (n_best: default the decoding's). With
+        `replace_unknowns`, a source piece the vocabulary lacks is copied into each translation where the attention
+        puts it (CTranslate2's replace_unknowns; here also where the translation has no unknown piece for it)."""
         hyps = self.translate_hypotheses(sentences, decoding, n_best=n_best, **kwargs)
-        return [list(zip(self.tokenizer.decode_tgt([h.tokens for h in hs]), [h.score for h in hs])) for hs in hyps]
+        texts = [self.tokenizer.decode_tgt([h.tokens for h in hs]) for hs in hyps]
+        if replace_unknowns:
+            self._restore_unknowns(sentences, hyps, texts)
+        return [list(zip(ts, [h.score for h in hs])) for ts, hs in zip(texts, hyps)]
+
+    @torch.inference_mode()
+    def _restore_unknowns(self, sentences: list[str], hyps: list[list[Hypothesis]], texts: list[list[str]]) -> None:
+        """texts[i][k] rewritten in place where sentence i has pieces the vocabulary lacks (a sentence decoded in
+        pieces, or by an ensemble, has no one attention and is left as it is)."""
+        ids, unk = self.tokenizer.encode_src(sentences), self.tokenizer.unk_id
+        todo = [i for i, s in enumerate(ids) if unk in s and len(s) <= src_limit(self.cfg)]
+        if not todo or isinstance(self.model, Ensemble):
+            return
+        unk_piece = self.tokenizer.tgt_pieces([unk])[0]
+        for i, src_pieces in zip(todo, self.tokenizer.src_piece_texts([sentences[i] for i in todo])):
+            src = ids[i] + [self.cfg.model.eos_id]
+            unknown = [j for j, t in enumerate(ids[i]) if t == unk]
+            for k, h in enumerate(hyps[i]):
+                cross = self._weights([src], [h.tokens])["cross"]  # per layer (1, H, T, S)
+                weights = cross_attention([w[0].float().cpu().numpy() for w in cross])
+                tgt_pieces = self.tokenizer.tgt_pieces(h.tokens) + ["</s>"]
+                out = replace_unknowns([*src_pieces, "</s>"], tgt_pieces, weights, unknown, unk_piece)
+                texts[i][k] = join_pieces(out)
 
     @torch.inference_mode()
     def attention(self, sentence: str, beam_size: int = 1) -> SentenceAttention:
         """Translate one sentence and return every layer's and head's attention weights for it."""
-        src_ids = self._encode([sentence])[0] or [self.cfg.model.eos_id]
-        tgt_ids = self.translate_hypotheses([sentence], beam_size=beam_size)[0][0].tokens
-        src = torch.tensor([src_ids], device=self.device)
-        tgt_in = torch.tensor([[self.cfg.model.bos_id] + tgt_ids], device=self.device)  # row i predicts tgt token i
-        _, weights = self.model(src, tgt_in, need_weights=True)
+        decoding = self.default_decoding.replace(beam_size=beam_size, n_best=1)
+        prepared = prepare(self.tokenizer, self.cfg, [sentence], decoding, None)
+        if prepared.cut:
+            raise ValueError(f"the sentence is longer than the model's {src_limit(self.cfg)} tokens: no one attention")
+        src_ids = prepared.src[0] or [self.cfg.model.eos_id]
+        tgt_ids = self._decode(prepared, decoding, None)[0][0].tokens
+        weights = self._weights([src_ids], [tgt_ids])
         to_np = lambda ws: [w[0].float().cpu().numpy() for w in ws]  # noqa: E731
         return SentenceAttention(
             src_tokens=self.tokenizer.src_pieces(src_ids[:-1]) + ["</s>"],
@@ -212,3 +309,46 @@ class Translator:
             decoder=to_np(weights["decoder"]),
             cross=to_np(weights["cross"]),
         )
+
+    def _weights(self, src_ids: list[list[int]], tgt_ids: list[list[int]]) -> dict:
+        """Every attention's weights of the model reading each (source, translation) pair, teacher-forced: per kind
+        ("encoder", "decoder", "cross") a list over layers of (B, H, T or S, S) tensors, rows and columns padded."""
+        pad = self.cfg.model.pad_id
+        src = torch.full((len(src_ids), max(map(len, src_ids))), pad, dtype=torch.long)
+        tgt_in = torch.full((len(tgt_ids), 1 + max(map(len, tgt_ids))), pad, dtype=torch.long)
+        for row, (s, t) in enumerate(zip(src_ids, tgt_ids)):
+            src[row, : len(s)] = torch.tensor(s)
+            tgt_in[row, : len(t) + 1] = torch.tensor([self.cfg.model.bos_id] + t)  # row i predicts target token i
+        _, weights = self.model(src.to(self.device), tgt_in.to(self.device), need_weights=True)
+        return weights
+
+    @torch.inference_mode()
+    def alignments(
+        self, sentences: list[str], decoding: Decoding | None = None, max_tokens: int | None = None
+    ) -> list[Alignment]:
+        """Each sentence's best translation with its soft alignment to the source (the penultimate layer's cross-
+        attention, heads averaged): what markup puts inline tags back by. A sentence decoded in pieces, and every
+        sentence of an ensemble (no one attention), gets none: its words then align by position."""
+        decoding = (decoding or self.default_decoding).replace(n_best=1)
+        prepared = prepare(self.tokenizer, self.cfg, sentences, decoding, None)
+        best = [
+            h[0].tokens
+            for h in joined(self._decode(prepared, decoding, max_tokens), prepared.sentence_of, len(sentences))
+        ]
+        texts = self.tokenizer.decode_tgt(best)
+        out = [Alignment(text) for text in texts]
+        row_of = {i: k for k, i in reversed(list(enumerate(prepared.sentence_of)))}
+        whole = [i for i in range(len(sentences)) if i not in prepared.cut and prepared.src[row_of[i]]]
+        if isinstance(self.model, Ensemble):
+            return out
+        for chunk in range(0, len(whole), ALIGN_BATCH):
+            idx = whole[chunk : chunk + ALIGN_BATCH]
+            src_ids = [prepared.src[row_of[i]] for i in idx]
+            cross = self._weights(src_ids, [best[i] for i in idx])["cross"]  # per layer (B, H, T, S)
+            for row, i in enumerate(idx):
+                t, s = len(best[i]) + 1, len(src_ids[row])
+                layers = [w[row, :, :t, :s].float().cpu().numpy() for w in cross]
+                src_pieces = tuple(self.tokenizer.src_pieces(src_ids[row][:-1])) + ("</s>",)
+                tgt_pieces = tuple(self.tokenizer.tgt_pieces(best[i])) + ("</s>",)
+                out[i] = Alignment(texts[i], src_pieces, tgt_pieces, cross_attention(layers))
+        return out

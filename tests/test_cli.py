@@ -3,7 +3,6 @@
 import argparse
 import importlib.metadata
 import json
-import logging
 import shutil
 import subprocess
 
@@ -67,16 +66,6 @@ def test_translate_int8_is_the_quantized_translator(run_dir, toy_corpus):
     assert int8.int8 and is_quantized(int8.model)
     assert res.stdout.splitlines() == int8.translate(lines, beam_size=3)
     assert not is_quantized(Translator.from_checkpoint(run_dir).model)
-
-
-def test_long_line_is_truncated_with_one_warning(run_dir, caplog):
-    translator = Translator.from_checkpoint(run_dir)
-    long = " ".join(["la nuka belur korat."] * 40)
-    with caplog.at_level(logging.WARNING, logger="nanomt"):
-        out = translator.translate([long, long, "la nuka korat."], beam_size=1)
-    assert len(out) == 3
-    warnings = [r for r in caplog.records if "truncated" in r.getMessage()]
-    assert len(warnings) == 1 and "2 input line(s)" in warnings[0].getMessage()
 
 
 def test_checkpoint_with_another_vocabulary_is_refused(run_dir, toy_corpus, tmp_path):

@@ -103,10 +103,15 @@ def test_identity_translation_gives_the_word_file_back():
     assert word_parts(files.translate_file(data, "docx", identity)) == word_parts(data)
 
 
-@pytest.mark.parametrize("fmt", ["text", "markdown", "srt"])
+@pytest.mark.parametrize("fmt", ["text", "markdown", "srt", "html"])
 def test_line_endings_and_byte_order_mark_are_kept(fmt):
     data = b"\xef\xbb\xbf" + sample(fmt).replace(b"\n", b"\r\n")
     assert files.translate_file(data, fmt, identity) == data
+
+
+def test_html_without_a_charset_or_byte_order_mark_gets_none():
+    data = b"<p>Der <b>gro\xc3\x9fe</b> Hund.</p>\n"
+    assert files.translate_file(data, "html", identity) == data
 
 
 def test_plain_text_uppercased_is_the_file_uppercased():

@@ -10,15 +10,11 @@ from fastapi import FastAPI, HTTPException, Request
 
 from nanomt.glossary import has_terms
 from nanomt.serve import libretranslate
+from nanomt.serve.documents import Route, job_key
 from nanomt.serve.errors import ERRORS, FORM, check_size, read_body, validate
 from nanomt.serve.models import Model, NoRoute
 from nanomt.serve.schemas import AttentionRequest, AttentionResponse, TranslateRequest, TranslateResponse
-from nanomt.translate import prepare
-
-
-def translate_key(decoding) -> tuple:
-    """The batch key of a translation: equal settings share a batch; a seeded sample is a batch of its own."""
-    return ("translate", decoding, object() if decoding.decode_alone else None)
+from nanomt.translate import prepare, src_limit
 
 
 def route(server, source: str | None, target: str | None) -> list[Model]:
@@ -32,25 +28,37 @@ def route(server, source: str | None, target: str | None) -> list[Model]:
 
 async def translate_texts(server, request: Request, req: TranslateRequest) -> TranslateResponse:
     """nanomt's /translate: through one model, or two through the pivot language (the last one gets the prefixes
-    and the glossary, which are the target language's)."""
+    and the glossary, which are the target language's). A text is one sentence, or with `split` a document."""
     models = route(server, req.source, req.target)
-    texts, prefixes = req.text, req.prefix or [None] * len(req.text)
-    start = time.perf_counter()
+    decodings = []
     for hop, model in enumerate(models):
         last = hop == len(models) - 1
         try:
             decoding = req.decoding(server.defaults(model))
-            if not last:
-                decoding = decoding.replace(glossary=())
-            prepare(model.tokenizer, model.cfg, texts, decoding, req.prefix if last else None)
+            decodings.append(decoding if last else decoding.replace(glossary=()))
+            prepare(model.tokenizer, model.cfg, req.text, decoding, req.prefix if last else None)
         except ValueError as e:
             raise HTTPException(400, str(e)) from None
-        items = list(zip(texts, prefixes if last else [None] * len(texts)))
-        texts = await server.decode(request, model, translate_key(decoding), items)
-    missed = [i for i, (src, out) in enumerate(zip(req.text, texts)) if not has_terms(decoding.glossary, src, out)]
+    start = time.perf_counter()
+    scores = None
+    if req.split or req.scores:
+        results = await Route(server, request, models, decodings).paragraphs(req.text, req.split)
+        texts, cut = [r.text for r in results], [i for i, r in enumerate(results) if r.cut]
+        scores = [round(r.score, 4) for r in results] if req.scores else None
+    else:
+        texts, prefixes = req.text, req.prefix or [None] * len(req.text)
+        for hop, (model, decoding) in enumerate(zip(models, decodings)):
+            items = list(zip(texts, prefixes if hop == len(models) - 1 else [None] * len(texts)))
+            texts = await server.decode(request, model, job_key("translate", decoding), items)
+        limit = src_limit(models[0].cfg)
+        cut = [i for i, ids in enumerate(models[0].tokenizer.encode_src(req.text)) if len(ids) > limit]
+    glossary = decodings[-1].glossary
+    missed = [i for i, (src, out) in enumerate(zip(req.text, texts)) if not has_terms(glossary, src, out)]
     return TranslateResponse(
         translations=texts,
         seconds=round(time.perf_counter() - start, 4),
+        scores=scores,
+        cut=cut or None,
         terms_missed=missed or None,
         route=[m.name for m in models] if len(models) > 1 else None,
     )

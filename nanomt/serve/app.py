@@ -60,11 +60,17 @@ class Server:
         """Decode one batch in the worker: key = (model name, kind, settings...). One thread at a time."""
         model = next(m for m in self.models.models if m.name == key[0])
         translator = self.models.translator(model)
-        if key[1] == "translate":  # items: (text, prefix or None)
+        max_tokens = self.config.max_batch_tokens
+        if key[1] in ("translate", "n_best"):  # items: (text, prefix or None)
             texts, prefixes = [t for t, _ in items], [p for _, p in items]
             prefixes = prefixes if any(prefixes) else None
-            max_tokens = self.config.max_batch_tokens
+            if key[1] == "n_best":  # documents: n-best lists, source pieces the vocabulary lacks copied
+                return translator.translate_n_best(
+                    texts, decoding=key[2], max_tokens=max_tokens, prefixes=prefixes, replace_unknowns=True
+                )
             return translator.translate(texts, decoding=key[2], max_tokens=max_tokens, prefixes=prefixes)
+        if key[1] == "align":  # items: sentences
+            return translator.alignments(items, key[2], max_tokens)
         if key[1] == "attention":
             return [translator.attention(items[0], beam_size=key[2])]
         raise ValueError(f"unknown kind of job {key[1]!r}")

@@ -3,19 +3,19 @@ with `q`, GET /languages, POST /detect, GET /frontend/settings. Requests are rou
 
 from __future__ import annotations
 
-import html
-import re
 from typing import Literal
 
 from fastapi import FastAPI, HTTPException, Request
 from pydantic import BaseModel, Field, StrictInt, StrictStr
 
+from nanomt import files
+from nanomt.serve import file_routes
+from nanomt.serve.documents import Route
 from nanomt.serve.errors import ERRORS, check_size, read_body, validate
-from nanomt.serve.models import LANGUAGE_NAMES, Model, NoRoute
+from nanomt.serve.models import LANGUAGE_NAMES, NoRoute
 from nanomt.serve.schemas import Text
 
-TAG = re.compile(r"(<!--.*?-->|<[^>]*>)", re.DOTALL)
-RAW_TEXT = re.compile(r"<(script|style)\b", re.IGNORECASE)
+MAX_ALTERNATIVES = 3  # LibreTranslate's limit
 
 
 class LibreTranslateRequest(BaseModel):
@@ -24,8 +24,12 @@ class LibreTranslateRequest(BaseModel):
     q: Text | list[Text] = Field(description="text to translate, or a list of texts")
     source: StrictStr = Field(default="auto", description="source language code, or auto")
     target: StrictStr = Field(description="target language code")
-    format: Literal["text", "html"] = Field(default="text", description="html translates the text between tags")
-    alternatives: StrictInt = Field(default=0, ge=0, le=3, description="accepted; no alternatives are returned")
+    format: Literal["text", "html"] = Field(
+        default="text", description="html: sentences translated whole, inline tags put back around the aligned words"
+    )
+    alternatives: StrictInt = Field(
+        default=0, ge=0, le=MAX_ALTERNATIVES, description="this many other translations from the n-best list"
+    )
     api_key: StrictStr | None = Field(default=None, description="the server's API key, when it asks for one")
 
 
@@ -34,6 +38,7 @@ class LibreTranslateResponse(BaseModel):
 
     translatedText: str | list[str]  # LibreTranslate's field name
     detectedLanguage: dict | list[dict] | None = None  # only when source is auto
+    alternatives: list[str] | list[list[str]] | None = None  # only when asked for
 
 
 class DetectRequest(BaseModel):
@@ -49,31 +54,6 @@ class Language(BaseModel):
     code: str
     name: str
     targets: list[str]
-
-
-def html_texts(doc: str) -> tuple[list[str], list[int]]:
-    """The pieces of an HTML document (tags and text alternating) and the indices of the text to translate."""
-    pieces = TAG.split(doc)
-    todo, raw = [], False
-    for i, piece in enumerate(pieces):
-        if i % 2:  # a tag: text inside <script> and <style> is code, not language
-            if RAW_TEXT.match(piece):
-                raw = True
-            elif re.match(r"</(script|style)\b", piece, re.IGNORECASE):
-                raw = False
-        elif piece.strip() and not raw:
-            todo.append(i)
-    return pieces, todo
-
-
-def html_join(pieces: list[str], todo: list[int], translations: list[str]) -> str:
-    """The document with its text pieces replaced by their translations (escaped), whitespace kept around them."""
-    pieces = list(pieces)
-    for i, out in zip(todo, translations):
-        text = pieces[i]
-        lead, trail = text[: len(text) - len(text.lstrip())], text[len(text.rstrip()) :]
-        pieces[i] = lead + html.escape(out, quote=False) + trail
-    return "".join(pieces)
 
 
 def candidates(server, target: str | None = None) -> list[str]:
@@ -97,57 +77,60 @@ def detections(text: str, sources: list[str]) -> list[dict]:
     return [{"confidence": p, "language": c} for c, p in found] or [{"confidence": 0.0, "language": sources[0]}]
 
 
-async def _through(server, request: Request, models: list[Model], texts: list[str]) -> list[str]:
-    """Texts translated by one model, or by two through the pivot language, with each model's default settings."""
-    from nanomt.serve.api import translate_key  # the batch key is nanomt's API's
+def _route(server, request: Request, source: str, target: str, n_best: int) -> Route:
+    """The models from `source` to `target` (or a 400 naming the language not served), each with its default
+    settings, the last one's giving `n_best` hypotheses."""
+    try:
+        models = server.models.route(source, target)
+    except NoRoute:
+        unsupported = source if source not in server.models.sources() else target
+        served = ", ".join(server.models.pairs())
+        raise HTTPException(400, f"{unsupported} is not supported (this server translates {served})") from None
+    decodings = [server.defaults(m).replace(glossary=()) for m in models[:-1]]
+    last = server.defaults(models[-1])
+    decodings.append(last.replace(beam_size=max(last.beam_size, n_best), n_best=n_best))
+    return Route(server, request, models, decodings)
 
-    for model in models:
-        texts = await server.decode(request, model, translate_key(server.defaults(model)), [(t, None) for t in texts])
-    return texts
 
-
-async def _translate_all(server, request: Request, req: LibreTranslateRequest, texts: list[str]) -> tuple[list, list]:
-    """Translations of `texts`, and (source auto) each text's detected language."""
+async def _translate_all(server, request: Request, req: LibreTranslateRequest, texts: list[str]) -> tuple:
+    """Each text's translation and alternatives, and (source auto) each text's detected language."""
     sources = candidates(server, req.target) if req.source == "auto" else None
     detected = [detections(t, sources)[0] for t in texts] if sources else None
     sources = [d["language"] for d in detected] if detected else [req.source] * len(texts)
-    out = [""] * len(texts)
+    out, alts = [""] * len(texts), [[] for _ in texts]
     for source in dict.fromkeys(sources):
-        try:
-            models = server.models.route(source, req.target)
-        except NoRoute:
-            unsupported = source if source not in server.models.sources() else req.target
-            served = ", ".join(server.models.pairs())
-            raise HTTPException(400, f"{unsupported} is not supported (this server translates {served})") from None
+        route = _route(server, request, source, req.target, req.alternatives + 1)
         idx = [i for i, s in enumerate(sources) if s == source]
-        for i, t in zip(idx, await _through(server, request, models, [texts[i] for i in idx])):
-            out[i] = t
-    return out, detected
+        group = [texts[i] for i in idx]
+        if req.format == "html":
+            done = [(t, ()) for t in await route.html(group)]
+        else:
+            done = [(r.text, r.alternatives) for r in await route.paragraphs(group, True, req.alternatives)]
+        for i, (text, alternatives) in zip(idx, done):
+            out[i], alts[i] = text, list(alternatives)
+    return out, alts, detected
 
 
 async def translate(server, request: Request, req: LibreTranslateRequest) -> LibreTranslateResponse:
-    """LibreTranslate's /translate: text, or the text nodes of HTML, each translated alone."""
+    """LibreTranslate's /translate: each text a document (sentences split, spacing kept), or HTML."""
     texts = [req.q] if isinstance(req.q, str) else req.q
     server.check_key(request, req.api_key, sum(map(len, texts)))
     check_size(texts, server.config.max_sentences, server.config.max_chars)
-    if req.format == "html":
-        docs = [html_texts(t) for t in texts]
-        pieces = [" ".join(html.unescape(pieces[i]).split()) for pieces, todo in docs for i in todo]
-        done, detected = await _translate_all(server, request, req, pieces)
-        out, at = [], 0
-        for pieces, todo in docs:
-            out.append(html_join(pieces, todo, done[at : at + len(todo)]))
-            at += len(todo)
-        detected = detected[:1] * len(texts) if detected else None
-    else:
-        out, detected = await _translate_all(server, request, req, texts)
-    if detected is not None and isinstance(req.q, str):
+    out, alts, detected = await _translate_all(server, request, req, texts)
+    one = isinstance(req.q, str)
+    if detected is not None and one:
         detected = detected[0] if detected else {"confidence": 0.0, "language": req.source}
-    return LibreTranslateResponse(translatedText=out[0] if isinstance(req.q, str) else out, detectedLanguage=detected)
+    return LibreTranslateResponse(
+        translatedText=out[0] if one else out,
+        detectedLanguage=detected,
+        alternatives=(alts[0] if one else alts) if req.alternatives else None,
+    )
 
 
 def add_routes(app: FastAPI, server) -> None:
-    """GET /languages, POST /detect, GET /frontend/settings (POST /translate is shared: nanomt.serve.api)."""
+    """GET /languages, POST /detect, GET /frontend/settings, POST /translate_file (POST /translate is shared:
+    nanomt.serve.api)."""
+    file_routes.add_routes(app, server, lambda request, source, target: _route(server, request, source, target, 1))
 
     @app.get("/languages", response_model=list[Language])
     async def languages() -> list[Language]:
@@ -174,7 +157,7 @@ def add_routes(app: FastAPI, server) -> None:
             "apiKeys": server.key_required,
             "keyRequired": server.key_required,
             "suggestions": False,
-            "filesTranslation": False,
-            "supportedFilesFormat": [],
+            "filesTranslation": True,
+            "supportedFilesFormat": list(files.FORMATS),
             "language": {"source": name(first.source), "target": name(first.target)},
         }

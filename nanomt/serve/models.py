@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import gc
 import logging
-import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from nanomt.checkpoint import CheckpointError, find_run_files
-from nanomt.config import Config, ConfigError, load_config
+from nanomt.config import Config, ConfigError, language_codes, load_config
 from nanomt.tokenizer import Tokenizer
 from nanomt.translate import Translator
 
@@ -24,20 +22,6 @@ LANGUAGE_NAMES = {
     "pl": "Polish", "pt": "Portuguese", "ro": "Romanian", "ru": "Russian", "sv": "Swedish", "tr": "Turkish",
     "uk": "Ukrainian", "zh": "Chinese",
 }  # fmt: skip
-LANGUAGE_CODE = re.compile(r"[A-Za-z]{2,3}(?:[-_][A-Za-z0-9]{2,8})?")
-
-
-def language_codes(cfg: Config) -> tuple[str, str]:
-    """A run's (source, target) codes: its Hugging Face dataset's, else its training files' suffixes (de, en)."""
-    data = cfg.data
-    if data.hf is not None and data.hf.src_lang and data.hf.tgt_lang:
-        return data.hf.src_lang, data.hf.tgt_lang
-    first = data.train[0] if isinstance(data.train, tuple) else data.train
-    if first.src and first.tgt:
-        codes = Path(first.src).suffix[1:], Path(first.tgt).suffix[1:]
-        if codes[0] != codes[1] and all(LANGUAGE_CODE.fullmatch(c) for c in codes):
-            return codes
-    return "src", "tgt"
 
 
 class NoRoute(ValueError):

@@ -9,6 +9,7 @@ from pydantic import (
     BaseModel,
     BeforeValidator,
     Field,
+    StrictBool,
     StrictFloat,
     StrictInt,
     StrictStr,
@@ -66,6 +67,12 @@ class TranslateRequest(BaseModel):
     repetition_penalty: StrictFloat | None = Field(
         default=None, gt=0, allow_inf_nan=False, description="> 1 discourages repeated tokens (1: off)"
     )
+    split: StrictBool = Field(
+        default=False,
+        description="each text is a document: sentences split and translated, spacing and line breaks kept, URLs, "
+        "e-mail addresses, code and emojis kept as they are (false: each text is one sentence)",
+    )
+    scores: StrictBool = Field(default=False, description="return each translation's score (summed over sentences)")
     source: StrictStr | None = Field(default=None, description="source language code (default: the first model's)")
     target: StrictStr | None = Field(default=None, description="target language code (default: the first model's)")
     api_key: StrictStr | None = Field(default=None, description="the server's API key, when it asks for one")
@@ -90,6 +97,10 @@ class TranslateRequest(BaseModel):
         elif self.beam_size not in (None, 1):
             raise PydanticCustomError(
                 "beam_with_sampling", "beam_size: sampling draws one translation, so beam_size must be 1 or left out"
+            )
+        if self.split and self.prefix is not None:
+            raise PydanticCustomError(
+                "prefix_with_split", "prefix forces the start of one sentence's translation: not with split"
             )
         if self.prefix is not None and len(self.prefix) != len(self.text):
             raise PydanticCustomError(
@@ -122,6 +133,9 @@ class TranslateResponse(BaseModel):
 
     translations: list[str]
     seconds: float
+    scores: list[float] | None = None  # with scores: each translation's score (length-penalized log-probability)
+    # texts with a sentence longer than the model's positions: translated in pieces and joined, nothing left out
+    cut: list[int] | None = None
     # sentences whose translation lacks a term the glossary asks for (it could not be placed within the length limit)
     terms_missed: list[int] | None = None
     # the language pairs the translations went through, where no one model translates the pair

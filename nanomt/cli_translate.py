@@ -1,0 +1,149 @@
+"""`nanomt translate`: lines streamed through the model in bounded chunks, paragraphs (--split), files (--format).
+
+A chunk of --buffer-size lines is read, sorted by length into batches, translated and written in input order before
+the next is read, so memory holds one chunk whatever the input's size (fairseq's --buffer-size, CTranslate2's
+read_batch_size).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO, TextIO
+
+BUFFER_SIZE = 10_000  # lines a chunk: the default of --buffer-size
+
+
+def check_modes(args: argparse.Namespace) -> None:
+    """Refuse, in one line, options that do not combine (before the model is loaded)."""
+    if args.buffer_size < 1:
+        raise ValueError(f"--buffer-size must be >= 1, got {args.buffer_size}")
+    whole = "--format" if args.format else "--split" if args.split else None
+    if whole and args.n_best > 1:
+        raise ValueError(f"--n-best lists one sentence's hypotheses; it does not combine with {whole}")
+    if whole and args.prefix_file:
+        raise ValueError(f"--prefix-file forces one sentence's start; it does not combine with {whole}")
+    if args.format and args.split:
+        raise ValueError("--format translates a whole file, sentence by sentence already: leave out --split")
+    if args.format == "docx" and not args.output and sys.stdout.isatty():
+        raise ValueError("--format docx writes a binary file: give --output FILE (or redirect stdout)")
+    for path, flag in ((args.input, "--input"), (args.prefix_file, "--prefix-file")):
+        if path and not Path(path).is_file():
+            raise FileNotFoundError(f"{flag} {path}: file not found")
+
+
+@contextlib.contextmanager
+def output(path: str | None, binary: bool = False) -> Iterator[TextIO | BinaryIO]:
+    """stdout, or a file replaced only once every line is written: a failure or Ctrl-C leaves its old contents."""
+    mode, encoding = ("wb", None) if binary else ("w", "utf-8")
+    if not path:
+        yield sys.stdout.buffer if binary else sys.stdout
+        return
+    final = Path(os.path.realpath(path))  # through a symlink to the file it names
+    if final.exists() and not final.is_file():  # /dev/stdout, a named pipe: nothing to replace
+        with open(final, mode, encoding=encoding) as f:
+            yield f
+        return
+    tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")  # same directory, so the rename is atomic
+    try:
+        with open(tmp, mode, encoding=encoding) as f:
+            yield f
+        if final.exists():
+            shutil.copymode(final, tmp)
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def chunks(lines: Iterator[str], size: int) -> Iterator[list[str]]:
+    """Consecutive lists of `size` lines (the last one shorter)."""
+    while chunk := list(itertools.islice(lines, size)):
+        yield chunk
+
+
+def run(args: argparse.Namespace, translator, changes: dict) -> None:
+    """The command, once its options are checked and the model is loaded."""
+    if args.format:
+        translate_file(args, translator, changes)
+        return
+    from nanomt.data import file_lines, stream_lines
+
+    interactive = not args.input and sys.stdin.isatty()
+    if interactive and args.prefix_file:
+        raise ValueError("--prefix-file needs --input (a prefix a line of the input)")
+    lines = file_lines(args.input) if args.input else stream_lines(sys.stdin.buffer)
+    prefixes = file_lines(args.prefix_file) if args.prefix_file else None
+    # A person typing: each line is translated as soon as it is entered, not at the end of the input.
+    size = 1 if interactive else args.buffer_size
+    progress = _progress(not interactive and sys.stderr.isatty())
+    with output(args.output) as out:
+        first = 0
+        for chunk in chunks(lines, size):
+            if len(chunk) < size:  # the input's last chunk: now the total is known
+                progress.total = first + len(chunk)
+            chunk_prefixes = _take(prefixes, len(chunk), first)
+            write_chunk(out, translator, args, changes, chunk, first, chunk_prefixes)
+            first += len(chunk)
+            progress.update(len(chunk))
+            if interactive:
+                out.flush()
+        if prefixes is not None and next(prefixes, None) is not None:
+            raise ValueError(f"--prefix-file has more lines than the input's {first}: one prefix a line")
+    progress.close()
+
+
+def _progress(shown: bool):
+    from tqdm import tqdm
+
+    return tqdm(disable=not shown, unit="sent", dynamic_ncols=True)
+
+
+def _take(prefixes: Iterator[str] | None, n: int, first: int) -> list[str] | None:
+    """The next n prefixes, or an error naming the line the prefix file ran out at."""
+    if prefixes is None:
+        return None
+    taken = list(itertools.islice(prefixes, n))
+    if len(taken) < n:
+        raise ValueError(f"--prefix-file has {first + len(taken)} lines, fewer than the input: one prefix a line")
+    return taken
+
+
+def write_chunk(
+    out: TextIO, translator, args, changes: dict, lines: list[str], first: int, prefixes: list[str] | None
+) -> None:
+    """One chunk's translations: a line each (an n-best list each with --n-best), in input order."""
+    max_tokens = args.max_tokens
+    if args.split:
+        from nanomt import document_translation as dt
+
+        decoding = translator.default_decoding.replace(**changes)
+        _, n_best, source = dt.for_translator(translator, decoding, max_tokens)
+        for t in dt.paragraphs(lines, n_best, source, split=True):
+            out.write(t.text + "\n")
+    elif changes.get("n_best", 1) > 1:
+        # K lines per input sentence: index, score, translation (tab-separated), best first.
+        hyps = translator.translate_n_best(lines, max_tokens=max_tokens, prefixes=prefixes, **changes)
+        for i, sentence in enumerate(hyps, first):
+            for text, score in sentence:
+                out.write(f"{i}\t{score:.4f}\t{text}\n")
+    else:
+        for text in translator.translate(lines, max_tokens=max_tokens, prefixes=prefixes, **changes):
+            out.write(text + "\n")
+
+
+def translate_file(args: argparse.Namespace, translator, changes: dict) -> None:
+    """--format: the whole input read as one document, written in the same format (formatting kept)."""
+    from nanomt import document_translation as dt
+
+    data = Path(args.input).read_bytes() if args.input else sys.stdin.buffer.read()
+    decoding = translator.default_decoding.replace(**changes)
+    align, n_best, source = dt.for_translator(translator, decoding, args.max_tokens)
+    translated = dt.document_file(data, args.format, align, n_best, source)
+    with output(args.output, binary=True) as out:
+        out.write(translated)
