@@ -87,14 +87,15 @@ def run(args: argparse.Namespace, translator, changes: dict) -> None:
         for chunk in chunks(lines, size):
             if len(chunk) < size:  # the input's last chunk: now the total is known
                 progress.total = first + len(chunk)
-            chunk_prefixes = _take(prefixes, len(chunk), first)
+            chunk_prefixes = _take(prefixes, chunk, first, lines, interactive)
             write_chunk(out, translator, args, changes, chunk, first, chunk_prefixes)
             first += len(chunk)
             progress.update(len(chunk))
             if interactive:
                 out.flush()
         if prefixes is not None and next(prefixes, None) is not None:
-            raise ValueError(f"--prefix-file has more lines than the input's {first}: one prefix a line")
+            given = first + 1 + sum(1 for _ in prefixes)
+            raise ValueError(f"--prefix-file has {given} lines, the input {first}: one prefix a line")
     progress.close()
 
 
@@ -104,13 +105,17 @@ def _progress(shown: bool):
     return tqdm(disable=not shown, unit="sent", dynamic_ncols=True)
 
 
-def _take(prefixes: Iterator[str] | None, n: int, first: int) -> list[str] | None:
-    """The next n prefixes, or an error naming the line the prefix file ran out at."""
+def _take(
+    prefixes: Iterator[str] | None, chunk: list[str], first: int, rest: Iterator[str], interactive: bool
+) -> list[str] | None:
+    """The chunk's prefixes, or an error giving both line counts (the input's rest counted, never kept)."""
     if prefixes is None:
         return None
-    taken = list(itertools.islice(prefixes, n))
-    if len(taken) < n:
-        raise ValueError(f"--prefix-file has {first + len(taken)} lines, fewer than the input: one prefix a line")
+    taken = list(itertools.islice(prefixes, len(chunk)))
+    if len(taken) < len(chunk):
+        # A person typing has not ended the input: counting its rest would wait for them.
+        total = f"at least {first + len(chunk)}" if interactive else first + len(chunk) + sum(1 for _ in rest)
+        raise ValueError(f"--prefix-file has {first + len(taken)} lines, the input {total}: one prefix a line")
     return taken
 
 

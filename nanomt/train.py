@@ -139,7 +139,8 @@ def check_run_dir(run_dir: Path) -> None:
     """A --run-dir is new, or one that training made: a model made otherwise (imported, averaged) is never touched."""
     if (run_dir / ckpt.CHECKPOINTS).is_dir():  # made by train at the start of the run
         return
-    found = [name for name in (ckpt.CONFIG, ckpt.WEIGHTS, ckpt.TOKENIZER) if (run_dir / name).exists()]
+    # A tokenizer alone is no model: one put there beforehand is the run's vocabulary (run_tokenizer loads it).
+    found = [name for name in (ckpt.CONFIG, ckpt.WEIGHTS) if (run_dir / name).exists()]
     if found:
         raise TrainingError(
             f"{run_dir} holds a model that was not trained there ({found[0]}: an imported or averaged checkpoint?); "
