@@ -255,8 +255,8 @@ ENSEMBLE_HELP = (
     "probabilities, with the first one's decoding settings"
 )
 INT8_HELP = (
-    "int8 linear layers (CPU only): faster decoding for a small BLEU cost (README, Speed); a sentence's output "
-    "may then depend slightly on the sentences batched with it"
+    "int8 linear layers (CPU only), weights scaled per output row and inputs per row as in CTranslate2: faster "
+    "decoding for a small BLEU cost (README, Speed)"
 )
 DEVICE_HELP = "where the model runs: cpu (default), cuda, cuda:N or mps"
 CHECKPOINT_HELP = "checkpoint directory: a run dir, one of its checkpoints/step_N, or an averaged one"
