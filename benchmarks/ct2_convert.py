@@ -2,13 +2,19 @@
 
     python -m benchmarks.ct2_convert CHECKPOINT OUT_DIR                       # convert (float32 weights)
     python -m benchmarks.ct2_convert CHECKPOINT OUT_DIR --src test.de --json  # + translate, time, print JSON
+    python -m benchmarks.ct2_convert CHECKPOINT OUT_DIR --src test.de --worker # the harness's CTranslate2 engine
 
 The converter and the decoding are the package's (nanomt/interop/ct2.py: `nanomt export ct2`), with the
 checkpoint's decoding settings mapped onto CTranslate2's, so the translations are nanomt's. This process never
 imports torch: CTranslate2 in a process that has imported torch ran ~2.5x slower in the baselines' measurements
 (two OpenMP runtimes), and `import nanomt` imports torch (so does `ctranslate2.specs`, whenever torch is
 installed): the conversion runs in a child process, and this one loads the module from its file on its own (it
-imports no other part of nanomt). `benchmarks.speed` runs this as a worker for the `translate` section.
+imports no other part of nanomt).
+
+`--worker` is the CTranslate2 side of `benchmarks.speed`'s translate harness (also used by `benchmarks.opus_mt`
+and `benchmarks.latency`): float32 and int8 translators that answer one JSON request a line. Given nanomt's
+batches (`plan`), it decodes exactly those, one `translate_batch` call each in nanomt's order
+(`translate_in_batches`); `batching: "budget"` is `Ct2Translator`'s own grouping by generation budget instead.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -23,6 +30,8 @@ import time
 from pathlib import Path
 
 import ctranslate2
+
+from benchmarks.speed import NUM_THREADS, answer_requests  # torch-free: speed.py imports torch lazily
 
 
 def load_ct2_module():
@@ -36,6 +45,7 @@ def load_ct2_module():
 
 
 ct2 = load_ct2_module()
+COMPUTE_TYPES = {"fp32": "float32", "int8": "int8"}
 
 
 def convert(checkpoint: Path, out_dir: Path) -> Path:
@@ -49,19 +59,95 @@ def convert(checkpoint: Path, out_dir: Path) -> Path:
     return out_dir
 
 
-def time_translation(
-    ct2_dir: Path,
-    checkpoint: Path,
-    src_file: Path,
-    compute_type: str,
-    beam: int,
-    length_penalty: float | None,
-    reps: int,
-) -> dict:
+def best_by_nanomt_penalty(hyps: list[list[str]], scores: list[float], budget: int, alpha: float, kind: str):
+    """The hypothesis nanomt would pick: its plain log-prob over nanomt's length penalty (EOS counted)."""
+    best, best_score = hyps[0], -math.inf
+    for hyp, log_prob in zip(hyps, scores):
+        length = len(hyp) + 1 if len(hyp) < budget else budget  # `budget` tokens: cut there, without an EOS
+        score = log_prob / ct2.length_penalty(length, alpha, kind)
+        if score > best_score:
+            best, best_score = hyp, score
+    return best
+
+
+def translate_in_batches(t, ids: list[list[int]], batches: list[list[int]], beam_size: int) -> list[list[int]]:
+    """Target ids of `ids`, decoding exactly `batches` (lists of indices), one translate_batch call each, in order."""
+    # CTranslate2 takes one max_decoding_length a call: the batch's largest budget, and every output is cut at its
+    # sentence's own. The limit acts only at its last step (BeamSearch's is_last_step), so a sentence whose search
+    # ends before its own budget gets the same tokens; greedy tokens never depend on it. The harness counts the
+    # lines where it did matter (against `batching: "budget"`).
+    alpha, kind = t.decode["length_penalty"], t.decode["length_penalty_kind"]
+    options = {**t.search_options(beam_size, alpha), "max_batch_size": 0}  # 0: the batch as given, not re-cut
+    out: list[list[int]] = [[] for _ in ids]
+    for batch in batches:
+        src = [ids[i][: t.max_src_tokens] for i in batch]
+        budgets = [t.max_len(len(s)) for s in src]
+        tokens = [[t.src_vocab[x] for x in s] for s in src]
+        results = t.translator.translate_batch(tokens, max_decoding_length=max(budgets), **options)
+        for i, budget, res in zip(batch, budgets, results):
+            hyps = [h[:budget] for h in res.hypotheses]
+            best = best_by_nanomt_penalty(hyps, res.scores, budget, alpha, kind) if res.scores else hyps[0]
+            out[i] = [t.tgt_ids[p] for p in best]
+    return out
+
+
+def budget_calls(t, lines: list[str], beam_size: int) -> int:
+    """How many translate_batch calls `Ct2Translator.translate` makes: one per generation budget (beam search)."""
+    budgets = {t.max_len(len(s[: t.max_src_tokens])) for s in t.encode(lines) if s}
+    return min(len(budgets), 1) if beam_size == 1 else len(budgets)
+
+
+def engine_worker(ct2_dir: Path, src_file: Path, threads: int, ready: dict) -> None:
+    """Answer the harness's requests (benchmarks.speed.answer_requests) with float32 and int8 translators."""
+    lines = src_file.read_text(encoding="utf-8").splitlines()
+    t0 = time.perf_counter()
+    engines = {
+        name: ct2.Ct2Translator(ct2_dir, device="cpu", compute_type=compute_type, intra_threads=threads)
+        for name, compute_type in COMPUTE_TYPES.items()
+    }
+    ready.update(load_s=time.perf_counter() - t0, intra_threads=threads, inter_threads=1)
+    state: dict = {"batches": None, "outputs": {}}
+
+    def plan(batches: list[list[int]]) -> dict:
+        state["batches"] = batches
+        return {"batches": len(batches), "sentences": sum(map(len, batches))}
+
+    def run(engine: str, beam: int, batching: str = "plan") -> dict:
+        t = engines[engine]
+        start = time.perf_counter()
+        if batching == "plan":
+            texts = t.decode_ids(translate_in_batches(t, t.encode(lines), state["batches"], beam))
+            sizes = [len(b) for b in state["batches"]]
+        else:
+            texts = t.translate(lines, beam_size=beam)
+            sizes = None
+        seconds = time.perf_counter() - start
+        state["outputs"][engine, beam, batching] = texts
+        calls = len(sizes) if sizes is not None else budget_calls(t, lines, beam)
+        return {"seconds": seconds, "batch_sizes": sizes, "calls": calls}
+
+    def outputs(engine: str, beam: int, batching: str = "plan") -> dict:
+        return {"translations": state["outputs"][engine, beam, batching]}
+
+    def latency(engine: str, beam: int, indices: list[int]) -> dict:
+        """Each line alone, one request after another: seconds and translation of each."""
+        seconds, texts = [], []
+        for i in indices:
+            start = time.perf_counter()
+            texts += engines[engine].translate([lines[i]], beam_size=beam)
+            seconds.append(time.perf_counter() - start)
+        return {"seconds": seconds, "translations": texts}
+
+    if "torch" in sys.modules:
+        raise RuntimeError("the CTranslate2 worker imported torch")
+    answer_requests({"plan": plan, "run": run, "outputs": outputs, "latency": latency}, ready)
+
+
+def time_translation(ct2_dir: Path, src_file: Path, compute_type: str, beam: int, length_penalty, reps: int) -> dict:
     """Median wall time of translating the whole file (SentencePiece in and out included), after one warm-up."""
-    # length_penalty None: the checkpoint's (decode.length_penalty and its kind, as nanomt decodes).
-    del checkpoint  # the export holds the tokenizer and the decoding settings
-    translator = ct2.Ct2Translator(ct2_dir, device="cpu", compute_type=compute_type, intra_threads=2)
+    # length_penalty None: the checkpoint's (decode.length_penalty and its kind, as nanomt decodes). The sentences
+    # are grouped by generation budget here (Ct2Translator.translate); the harness (--worker) takes nanomt's batches.
+    translator = ct2.Ct2Translator(ct2_dir, device="cpu", compute_type=compute_type, intra_threads=NUM_THREADS)
     lines = src_file.read_text(encoding="utf-8").splitlines()
 
     def run() -> list[str]:
@@ -90,7 +176,7 @@ def time_translation(
 
 
 def main() -> None:
-    """Convert, then optionally translate and time; see the module docstring."""
+    """Convert, then optionally translate and time, or answer the harness's requests; see the module docstring."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", type=Path)
     p.add_argument("out_dir", type=Path)
@@ -105,16 +191,21 @@ def main() -> None:
     )
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--worker", action="store_true", help="answer requests on stdin (benchmarks.speed's harness)")
+    p.add_argument("--threads", type=int, default=NUM_THREADS, help=f"intra_threads (default {NUM_THREADS})")
     args = p.parse_args()
+    if args.worker and not args.src:
+        p.error("--worker needs --src")
     t0 = time.perf_counter()
     convert(args.checkpoint, args.out_dir)
     report = {"ct2_dir": str(args.out_dir), "convert_s": time.perf_counter() - t0, "version": ctranslate2.__version__}
     report["torch_loaded"] = "torch" in sys.modules  # should stay False: see the module docstring
+    if args.worker:
+        engine_worker(args.out_dir, args.src, args.threads, {"engine": "ctranslate2", **report})
+        return
     if args.src:
         report["runs"] = [
-            time_translation(
-                args.out_dir, args.checkpoint, args.src, compute_type, args.beam, args.length_penalty, args.reps
-            )
+            time_translation(args.out_dir, args.src, compute_type, args.beam, args.length_penalty, args.reps)
             for compute_type in args.compute_types.split(",")
         ]
     print(json.dumps(report) if args.json else f"converted to {args.out_dir}")

@@ -1,6 +1,6 @@
 """An opus-mt-shaped Marian model in nanomt, in transformers and in CTranslate2: logits, translations, sentences/s.
 
-    python -m benchmarks.opus_mt                          # -> benchmarks/results/opus_mt.json (~10 minutes)
+    python -m benchmarks.opus_mt                          # -> benchmarks/results/opus_mt.json (~15 minutes)
     python -m benchmarks.opus_mt --sentences 16 --reps 1 --out runs/opus_mt_smoke.json
 
 The model: a MarianMTModel of Helsinki-NLP/opus-mt-de-en's shape (d_model 512, 6+6 post-norm layers, 8 heads,
@@ -17,13 +17,15 @@ run directory and `nanomt export ct2` a CTranslate2 model, the commands a user r
 Measured, on the first --sentences lines of test2016.de, end to end (tokenize, batch, decode, detokenize):
 - sentences/s, greedy and beam 4, float32 and int8, for `Translator.translate` (what `nanomt translate` runs; int8:
   `--int8`), transformers' `generate` (MarianTokenizer, batches of --hf-batch sentences sorted by length; int8:
-  torch's dynamic int8 quantization of its Linear layers, as nanomt's) and CTranslate2 (`export ct2`, decoded by
-  `Ct2Translator` in a process without torch, benchmarks.ct2_convert; int8: compute_type int8). nanomt and
-  transformers are timed round-robin in this process, CTranslate2 in its worker; each reports the median of --reps.
+  nanomt.quantize.quantize_int8 on its Linear layers, the layers of nanomt's --int8) and CTranslate2 (`export ct2`, decoded with
+  nanomt's rules; int8: compute_type int8). nanomt and CTranslate2 each run in a worker process of their own, as in
+  `benchmarks.speed`'s translate harness (CTranslate2's never imports torch, and decodes exactly nanomt's batches),
+  transformers in this one; all are timed round-robin, one warm-up round and --reps kept, median and every sample.
 - the largest difference between nanomt's and transformers' logits on a padded batch (EOS's, biased by -1e4,
   relative);
-- per engine and setting, how many translations are identical to transformers' float32 ones, and int8 to
-  float32 within each engine (int8's per-batch activation scales make small differences expected).
+- per engine and setting, how many translations are identical to transformers' float32 ones, nanomt's lines that
+  differ from CTranslate2's, and int8 against float32 within each engine (int8 rounding makes small
+  differences expected).
 Decoding: the model's generation settings (beam 4, length penalty 1.0 of Hugging Face's form, early stopping,
 max_length 25: 24 new tokens) for all three; greedy is beam 1.
 """
@@ -31,10 +33,10 @@ max_length 25: 24 new tokens) for all three; greedy is beam 1.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -50,7 +52,17 @@ import sentencepiece as spm  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-from benchmarks.speed import Contender, round_robin, timed  # noqa: E402
+from benchmarks.speed import (  # noqa: E402
+    Contender,
+    changed_by_batch_budget,
+    engine_contenders,
+    engine_outputs,
+    engine_processes,
+    harness_info,
+    round_robin,
+    same_batches,
+    timed,
+)
 from nanomt.interop.marian import import_marian  # noqa: E402
 from nanomt.quantize import quantize_int8  # noqa: E402
 from nanomt.translate import Translator  # noqa: E402
@@ -165,29 +177,71 @@ def hf_translate(model, tokenizer, lines: list[str], beam: int, batch_size: int)
     return out
 
 
-def ct2_runs(run: Path, src_file: Path, reps: int) -> dict:
-    """`export ct2` of the run, timed by benchmarks.ct2_convert (a torch-free worker): greedy and beam 4."""
+def hf_contenders(args: argparse.Namespace, hf, tokenizer, lines: list[str], outputs: dict) -> list[Contender]:
+    """transformers' generate in this process, float32 and int8, greedy and beam 4 (outputs kept in `outputs`)."""
+    models = {"hf_fp32": hf, "hf_int8": quantize_int8(hf)}  # the same int8 Linear layers as nanomt's --int8
+    contenders = []
+    for mode, beam in MODES.items():
+        for name, m in models.items():
+            key = f"{name}/{mode}"
+            fn = lambda m=m, b=beam, k=key: outputs.__setitem__(  # noqa: E731
+                k, hf_translate(m, tokenizer, lines, b, args.hf_batch)
+            )
+            contenders.append(Contender(key, timed(fn)))
+    return contenders
+
+
+def time_everything(args: argparse.Namespace, hf, tokenizer, run: Path, lines: list[str]) -> tuple[dict, dict, dict]:
+    """Round-robin: nanomt and CTranslate2 in their worker processes (the same batches), transformers here."""
+    outputs: dict[str, list[str]] = {}
+    with tempfile.TemporaryDirectory(prefix="nanomt-opus-") as tmp, contextlib.ExitStack() as stack:
+        src_file = Path(tmp) / "src.de"
+        src_file.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        engines = engine_processes(str(run), src_file, Path(tmp))
+        for proc in engines.values():
+            stack.callback(proc.close)
+        if "ct2" not in engines:
+            sys.exit("opus_mt.py: error: this benchmark needs ctranslate2")
+        engines["ct2"].ask("plan", batches=engines["nanomt"].info["plan"])
+        contenders = engine_contenders(engines, MODES, "plan") + hf_contenders(args, hf, tokenizer, lines, outputs)
+        print(f"== {len(lines)} sentences, greedy and beam {BEAM}, {args.reps} rounds after 1 warm-up", flush=True)
+        timings = round_robin(contenders, 1, args.reps)
+        done = {k for k, t in timings.items() if "median_s" in t}
+        outputs.update(engine_outputs(engines, MODES, "plan", done))
+        changed = changed_by_batch_budget(engines["ct2"], MODES, outputs)
+        harness = harness_info(engines, MODES, "plan", 1, args.reps)
+    rename = lambda key: key.replace("_translate", "")  # noqa: E731  (this file's row names: nanomt_fp32/greedy)
+    harness["ct2_lines_changed_by_batch_budget"] = {rename(k): n for k, n in changed.items()}
+    harness["same_batches"] = same_batches(timings, "plan")
+    return {rename(k): t for k, t in timings.items()}, {rename(k): o for k, o in outputs.items()}, harness
+
+
+def result_rows(timings: dict, outputs: dict, n: int) -> dict:
+    """Per engine and mode: sentences/s, agreement with transformers' float32 and int8 with its own float32, ratios."""
     rows = {}
-    with tempfile.TemporaryDirectory(prefix="nanomt-ct2-") as tmp:
-        for mode, beam in MODES.items():
-            cmd = [sys.executable, "-m", "benchmarks.ct2_convert", str(run.resolve()), tmp, "--src", str(src_file)]
-            cmd += ["--beam", str(beam), "--reps", str(reps), "--json"]
-            print("$", " ".join(cmd), flush=True)
-            res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-            if res.returncode != 0:
-                sys.exit(f"opus_mt.py: error: CTranslate2 worker failed: {res.stderr.strip().splitlines()[-1:]}")
-            report = json.loads(res.stdout)
-            for r in report["runs"]:
-                precision = "int8" if r["compute_type"] == "int8" else "fp32"
-                rows[f"ct2_{precision}/{mode}"] = {
-                    "median_s": r["median_s"],
-                    "min_s": r["min_s"],
-                    "max_s": r["max_s"],
-                    "samples_s": r["samples_s"],
-                    "translations": r["translations"],
-                    "ctranslate2": report["version"],
-                    "convert_s": report["convert_s"],
-                }
+    for key, t in timings.items():
+        engine, mode = key.split("/")
+        precision = engine.split("_")[1]
+        reference = outputs[f"hf_fp32/{mode}"]
+        row = {
+            "sentences_per_s": round(n / t["median_s"], 2),
+            **{k: round(v, 3) if isinstance(v, float) else v for k, v in t.items() if k != "samples_s"},
+            "samples_s": [round(s, 3) for s in t["samples_s"]],
+            "identical_to_hf_fp32": sum(a == b for a, b in zip(outputs[key], reference)),
+            "mean_output_words": round(sum(len(x.split()) for x in outputs[key]) / n, 2),
+        }
+        if precision == "int8":
+            own = outputs[f"{engine.replace('int8', 'fp32')}/{mode}"]
+            row["identical_to_own_fp32"] = sum(a == b for a, b in zip(outputs[key], own))
+        if engine.startswith("nanomt"):
+            ct2 = outputs[f"ct2_{precision}/{mode}"]
+            row["differing_lines_from_ct2"] = sum(a != b for a, b in zip(outputs[key], ct2))
+        rows[key] = row
+    for key, row in rows.items():
+        engine, mode = key.split("/")
+        precision = engine.split("_")[1]
+        row["x_hf"] = round(row["sentences_per_s"] / rows[f"hf_{precision}/{mode}"]["sentences_per_s"], 2)
+        row["x_ct2"] = round(row["sentences_per_s"] / rows[f"ct2_{precision}/{mode}"]["sentences_per_s"], 2)
     return rows
 
 
@@ -196,7 +250,7 @@ def main() -> None:
     p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="Multi30k: train.{de,en}, test2016.de")
     p.add_argument("--work", type=Path, default=ROOT / "runs" / "opus_mt_random", help="model dirs (reused)")
     p.add_argument("--sentences", type=int, default=100)
-    p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--reps", type=int, default=5, help="timed rounds after one warm-up round (default 5)")
     p.add_argument("--hf-batch", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=RESULTS / "opus_mt.json")
@@ -211,61 +265,12 @@ def main() -> None:
     import_marian(hf_dir, run)  # the run directory is rebuilt each time: the import is part of what is tested
     build_s = time.perf_counter() - t0
     hf = transformers.MarianMTModel.from_pretrained(hf_dir).eval()
-    tokenizer = transformers.MarianTokenizer.from_pretrained(hf_dir)
-    hf_int8 = quantize_int8(hf)  # the same dynamic int8 Linear layers as nanomt's --int8
-    engines = {
-        "nanomt_fp32": Translator.from_checkpoint(run),
-        "nanomt_int8": Translator.from_checkpoint(run, int8=True),
-    }
     val = (args.data / "val.de").read_text(encoding="utf-8").splitlines()
-    logits = largest_logit_difference(hf, tokenizer, engines["nanomt_fp32"], val)
+    tokenizer = transformers.MarianTokenizer.from_pretrained(hf_dir)
+    logits = largest_logit_difference(hf, tokenizer, Translator.from_checkpoint(run), val)
     print(f"largest logit difference: {logits['max_abs']:.2e}", flush=True)
-    outputs: dict[str, list[str]] = {}
-    contenders = []
-    for mode, beam in MODES.items():
-        for name, t in engines.items():
-            key = f"{name}/{mode}"
-            contenders.append(
-                Contender(
-                    key, timed(lambda t=t, b=beam, k=key: outputs.__setitem__(k, t.translate(lines, beam_size=b)))
-                )
-            )
-        for name, m in (("hf_fp32", hf), ("hf_int8", hf_int8)):
-            key = f"{name}/{mode}"
-            fn = lambda m=m, b=beam, k=key: outputs.__setitem__(  # noqa: E731
-                k, hf_translate(m, tokenizer, lines, b, args.hf_batch)
-            )
-            contenders.append(Contender(key, timed(fn)))
-    print(f"== {len(lines)} sentences, greedy and beam {BEAM}, {args.reps} rounds after 1 warm-up", flush=True)
-    timings = round_robin(contenders, 1, args.reps)
-    with tempfile.TemporaryDirectory(prefix="nanomt-opus-") as tmp:
-        src_file = Path(tmp) / "src.de"
-        src_file.write_text("\n".join(lines) + "\n", encoding="utf-8")
-        for key, row in ct2_runs(run, src_file, args.reps).items():
-            outputs[key] = row.pop("translations")
-            timings[key] = row
-
-    rows = {}
-    for key, t in timings.items():
-        engine, mode = key.split("/")
-        precision = engine.split("_")[1]
-        reference = outputs[f"hf_fp32/{mode}"]
-        row = {
-            "sentences_per_s": round(len(lines) / t["median_s"], 2),
-            **{k: round(v, 3) if isinstance(v, float) else v for k, v in t.items() if k != "samples_s"},
-            "samples_s": [round(s, 3) for s in t["samples_s"]],
-            "identical_to_hf_fp32": sum(a == b for a, b in zip(outputs[key], reference)),
-            "mean_output_words": round(sum(len(x.split()) for x in outputs[key]) / len(lines), 2),
-        }
-        if precision == "int8":
-            own = outputs[f"{engine.replace('int8', 'fp32')}/{mode}"]
-            row["identical_to_own_fp32"] = sum(a == b for a, b in zip(outputs[key], own))
-        rows[key] = row
-    for key, row in rows.items():
-        engine, mode = key.split("/")
-        precision = engine.split("_")[1]
-        row["x_hf"] = round(row["sentences_per_s"] / rows[f"hf_{precision}/{mode}"]["sentences_per_s"], 2)
-        row["x_ct2"] = round(row["sentences_per_s"] / rows[f"ct2_{precision}/{mode}"]["sentences_per_s"], 2)
+    timings, outputs, harness = time_everything(args, hf, tokenizer, run, lines)
+    rows = result_rows(timings, outputs, len(lines))
     results = {
         "what": "an opus-mt-de-en-shaped Marian model with random weights, imported into nanomt and exported to "
         "CTranslate2: sentences/s end to end on the first sentences of test2016.de, and agreement",
@@ -283,6 +288,7 @@ def main() -> None:
         },
         "decoding": {"beam": BEAM, "length_penalty": 1.0, "early_stopping": True, "max_length": MAX_LENGTH},
         "hf_batch_sentences": args.hf_batch,
+        "harness": harness,
         "largest_logit_difference": logits,
         "rows": rows,
     }

@@ -11,6 +11,13 @@ a 200, or no answer), and from the server's /metrics the mean sentences a decodi
 time the model spent decoding. The translations of both servers are compared sentence by sentence (float32:
 batching must change none). The load generator runs in this process (asyncio, one connection a client) and takes
 its share of the cores: on a 2-core machine the server gets less than 2, for both kinds alike.
+
+    python -m benchmarks.serve_load --models de-en=RUN_A src-tgt=RUN_B --sentences de-en=FILE src-tgt=FILE
+                                    --out benchmarks/results/serve_load_many.json
+
+Many models: one batching server serves every run (`nanomt serve PAIR=RUN ...`), client c sends its requests in
+pair c mod n (nanomt's API with source and target), and every answer is compared with what that run's own
+Translator gives for the same sentences at the server's beam (no cross-talk: a batch never mixes models).
 """
 
 from __future__ import annotations
@@ -45,7 +52,8 @@ def free_port() -> int:
 def start(args: argparse.Namespace, kind: str, log: Path) -> tuple[subprocess.Popen, str]:
     """A `nanomt serve` process of this kind, once /ready answers; its URL."""
     port = free_port()
-    cmd = [sys.executable, "-m", "nanomt.cli", "serve", str(args.checkpoint), "--host", "127.0.0.1"]
+    served = args.models or [str(args.checkpoint)]
+    cmd = [sys.executable, "-m", "nanomt.cli", "serve", *served, "--host", "127.0.0.1"]
     cmd += ["--port", str(port), "--no-access-log", "--queue-size", "1024", "--timeout", str(args.timeout)]
     cmd += ["--max-wait-ms", str(args.max_wait_ms), *KINDS[kind]]
     if args.beam is not None:
@@ -93,8 +101,11 @@ def server_stats(url: str) -> dict[str, float]:
     return {k: samples.get(k, 0.0) for k in keys}
 
 
-async def level(url: str, clients: int, args: argparse.Namespace, lines: list[str], seen: dict) -> dict:
-    """`clients` clients, each sending its requests one after another; sentences/s, latency percentiles, errors."""
+async def level(
+    url: str, clients: int, args: argparse.Namespace, lines: list[str] | dict[str, list[str]], seen: dict
+) -> dict:
+    """`clients` clients, each sending its requests one after another; sentences/s, latency percentiles, errors.
+    `lines` are sentences, or per pair ("de-en") its sentences (many models: client c sends pair c mod n's)."""
     k = args.sentences_per_request
     latencies: list[float] = []
     errors: list[str] = []
@@ -107,17 +118,23 @@ async def level(url: str, clients: int, args: argparse.Namespace, lines: list[st
         for j in range(args.requests_per_client):
             if time.monotonic() > deadline:
                 return
-            at = ((c * args.requests_per_client + j) * k) % len(lines)
-            texts = [lines[(at + i) % len(lines)] for i in range(k)]
+            pair, body = None, {}
+            pool = lines
+            if isinstance(lines, dict):  # many models: this client's pair
+                pair = sorted(lines)[c % len(lines)]
+                pool = lines[pair]
+                body = dict(zip(("source", "target"), pair.split("-", 1)))
+            at = ((c * args.requests_per_client + j) * k) % len(pool)
+            texts = [pool[(at + i) % len(pool)] for i in range(k)]
             start = time.perf_counter()
             try:
-                res = await http.post("/translate", json={"text": texts})
+                res = await http.post("/translate", json={"text": texts, **body})
                 latencies.append(time.perf_counter() - start)
                 if res.status_code != 200:
                     errors.append(f"{res.status_code}: {res.text[:200]}")
                     continue
                 for t, out in zip(texts, res.json()["translations"]):
-                    seen[t] = out
+                    seen[(pair, t) if pair else t] = out
                 done_sentences += k
             except httpx.HTTPError as e:
                 latencies.append(time.perf_counter() - start)
@@ -142,7 +159,7 @@ async def level(url: str, clients: int, args: argparse.Namespace, lines: list[st
     }
 
 
-def run_kind(kind: str, args: argparse.Namespace, lines: list[str], tmp: Path) -> tuple[list[dict], dict]:
+def run_kind(kind: str, args: argparse.Namespace, lines, tmp: Path) -> tuple[list[dict], dict]:
     proc, url = start(args, kind, tmp / f"{kind}.log")
     seen: dict[str, str] = {}
     rows = []
@@ -152,7 +169,8 @@ def run_kind(kind: str, args: argparse.Namespace, lines: list[str], tmp: Path) -
         # while has them all.
         warm = argparse.Namespace(**{**vars(args), "requests_per_client": args.warmup_requests_per_client})
         for clients in args.clients:
-            asyncio.run(level(url, clients, warm, lines[::-1], {}))
+            reverse = {k: v[::-1] for k, v in lines.items()} if isinstance(lines, dict) else lines[::-1]
+            asyncio.run(level(url, clients, warm, reverse, {}))
         for clients in args.clients:
             before = server_stats(url)
             row = asyncio.run(level(url, clients, args, lines, seen))
@@ -168,10 +186,59 @@ def run_kind(kind: str, args: argparse.Namespace, lines: list[str], tmp: Path) -
     return rows, seen
 
 
+def read_lines(path: Path, n: int) -> list[str]:
+    lines = [x.strip() for x in path.read_text(encoding="utf-8").splitlines() if x.strip()][:n]
+    if not lines:
+        raise SystemExit(f"{path}: no sentences")
+    return lines
+
+
+def many(args: argparse.Namespace) -> None:
+    """One batching server of every run; clients spread over the pairs; every answer checked against its run."""
+    from nanomt.translate import Translator
+
+    runs = dict(spec.split("=", 1) for spec in args.models)
+    files = dict(spec.split("=", 1) for spec in args.sentences)
+    if set(files) != set(runs):
+        raise SystemExit(f"--sentences needs PAIR=FILE for each pair of --models ({', '.join(runs)})")
+    lines = {pair: read_lines(Path(f), args.lines) for pair, f in files.items()}
+    with tempfile.TemporaryDirectory() as tmp:
+        rows, seen = run_kind("batching", args, lines, Path(tmp))
+    differing, compared = {}, {}
+    for pair, run in runs.items():
+        texts = sorted({t for p, t in seen if p == pair})
+        translator = Translator.from_checkpoint(run)
+        beam = args.beam or translator.cfg.decode.beam_size
+        expected = dict(zip(texts, translator.translate(texts, beam_size=beam)))
+        compared[pair] = len(texts)
+        differing[pair] = sum(seen[(pair, t)] != expected[t] for t in texts)
+    out = {
+        "what": "nanomt serve with many models: one batching server, clients spread over the pairs, every answer "
+        "compared with its run's own translation",
+        "models": {pair: shown(run) for pair, run in runs.items()},
+        "sentences_files": {pair: shown(f) for pair, f in files.items()},
+        "lines_used": {pair: len(v) for pair, v in lines.items()},
+        "sentences_per_request": args.sentences_per_request,
+        "requests_per_client": args.requests_per_client,
+        "server": {"beam": args.beam, "max_batch_tokens": args.max_batch_tokens, "max_wait_ms": args.max_wait_ms},
+        "results": rows,
+        "sentences_compared": compared,
+        "translations_differing": differing,
+        "errors": sum(r["errors"] for r in rows),
+        "machine": machine(),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    print(json.dumps({k: out[k] for k in ("sentences_compared", "translations_differing", "errors")}, indent=2))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", type=Path, required=True, help="run directory (or any checkpoint) to serve")
-    p.add_argument("--sentences", type=Path, required=True, help="source sentences, one a line")
+    p.add_argument("--checkpoint", type=Path, help="run directory (or any checkpoint) to serve")
+    p.add_argument("--models", nargs="+", metavar="PAIR=RUN", help="many models: one server of these runs")
+    p.add_argument(
+        "--sentences", nargs="+", required=True, help="source sentences, one a line (many models: PAIR=FILE each)"
+    )
     p.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16, 64])
     p.add_argument("--requests-per-client", type=int, default=12)
     p.add_argument("--warmup-requests-per-client", type=int, default=3, help="at every level, before measuring")
@@ -186,10 +253,13 @@ def main() -> None:
     p.add_argument("--lines", type=int, default=2000, help="use the first N lines of --sentences")
     p.add_argument("--out", type=Path, default=RESULTS / "serve_load.json")
     args = p.parse_args()
-
-    lines = [x.strip() for x in args.sentences.read_text(encoding="utf-8").splitlines() if x.strip()][: args.lines]
-    if not lines:
-        raise SystemExit(f"{args.sentences}: no sentences")
+    if (args.checkpoint is None) == (args.models is None):
+        raise SystemExit("give --checkpoint (one model) or --models PAIR=RUN ... (many)")
+    if args.models:
+        many(args)
+        return
+    args.sentences = Path(args.sentences[0])
+    lines = read_lines(args.sentences, args.lines)
     results, seen = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         for kind in args.kinds:

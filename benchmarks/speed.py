@@ -5,7 +5,7 @@ Run from the repository root (the full run takes 12-15 minutes on the 2-core mac
     python -m benchmarks.speed                  # train + decode, SMALL and BASE -> benchmarks/results/speed.{json,md}
     python -m benchmarks.speed --quick          # smoke test: SMALL, 2 reps -> benchmarks/results/speed_quick.{json,md}
     python -m benchmarks.speed --only decode --configs BASE --out speed_decode_base
-    python -m benchmarks.speed --only translate \\
+    python -m benchmarks.speed --only translate --reps 7 --warmup 1 --out translate_ct2 \\
         --translate-checkpoint runs/multi30k_de_en --src ../shared/data/multi30k/test2016.de
 
 The baselines are imported from ../shared/bench/anchors/ (`--anchors DIR`), never copied: `common.CONFIGS` gives
@@ -25,13 +25,19 @@ What it measures:
    (32 * 32 / seconds): nanomt `greedy`/`beam_search` on a random model (fp32, bf16 autocast, int8 dynamic
    quantization), Marian `generate`, and CTranslate2 fp32/int8 timed in a worker process that never imports torch
    (REPORT.md: CT2 next to torch ran 2.5x slower).
-3. translate (with --translate-checkpoint and --src): `Translator.translate(lines, beam_size=5)` in sentences/s.
+3. translate (with --translate-checkpoint and --src): `Translator.translate(lines, beam_size=5)` of a whole file
+   against the same checkpoint's `export ct2` decoded with nanomt's rules (benchmarks.ct2_convert), float32 and
+   int8, in sentences/s. Each engine runs in a worker process of its own (nanomt's never loads CTranslate2,
+   CTranslate2's never imports torch; this process imports neither with --only translate), both on 2 threads, and
+   both decode the same batches: nanomt's (`BATCHINGS`; `--ct2-batching budget` gives CTranslate2 its own grouping
+   by generation budget instead, as a named reference). Reported: the float32 lines that differ between the
+   engines (expected: none), the int8 ones, the lines the batch's generation budget changed in CTranslate2, and
+   whether both engines got the same batches. `--lines N` takes the first N lines (a smoke test).
 
 Method: all contenders of a config are built first, then timed round-robin (each round runs every contender once,
 starting one further along each time), `--warmup` rounds dropped, then `--reps` rounds kept; the median is reported
-with min, max and every sample. The CTranslate2 worker stays alive for the whole round-robin and answers one
-request at a time; the other process sleeps meanwhile, with a short gap so neither's OpenMP threads spin on the
-other's time.
+with min, max and every sample. The worker processes stay alive for the whole round-robin and answer one request
+at a time; the other processes sleep meanwhile, with a short gap so no one's OpenMP threads spin on another's time.
 """
 
 from __future__ import annotations
@@ -375,7 +381,7 @@ def quantize_int8(model) -> tuple[object | None, dict]:
     """nanomt.quantize.quantize_int8 (what `translate --int8` uses); None and the error when it fails."""
     from nanomt.quantize import quantize_int8 as quantize
 
-    api = "nanomt.quantize.quantize_int8 (torch.ao quantize_dynamic, per-channel qint8 weights)"
+    api = "nanomt.quantize.quantize_int8 (int8 x int8 products: weights scaled per output row, inputs per row)"
     try:
         return quantize(model), {"api": api}
     except Exception as e:
@@ -525,88 +531,362 @@ def decode_rows(timings: dict) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# 3. `nanomt translate` throughput.
+# 3. `nanomt translate` against CTranslate2: the same batches, each engine in its own process.
 # ---------------------------------------------------------------------------------------------------------
 
+PRECISIONS = ("fp32", "int8")
+TRANSLATE_BEAM = 5
+SHOWN_DIFFERENCES = 20  # line numbers listed per comparison
+BATCHINGS = {
+    "plan": "CTranslate2 decodes nanomt's batches: the same sentences in each batch, in nanomt's order (sorted by "
+    "length, cut at decode.max_tokens padded source tokens), one translate_batch call a batch. CTranslate2 takes "
+    "one max_decoding_length a call, so each call gets the batch's largest generation budget and every output is "
+    "cut at its own sentence's; the limit acts only at its last step, so a search that ends before its sentence's "
+    "budget is unchanged (ct2_lines_changed_by_batch_budget counts the lines where it was not, against "
+    "Ct2Translator's exact per-budget decoding). Both engines pad and decode the same rows.",
+    "budget": "each engine its own batching: nanomt its token-budget batches, CTranslate2 Ct2Translator's one call "
+    "per generation budget (padding-free batches of a single source length). Not the same work: a reference only.",
+}
 
-def bench_translate(checkpoint: str, src_file: str, warmup: int, reps: int) -> dict:
-    """Sentences/s of Translator.translate(lines, beam_size=5) over a whole file, float32 and int8, round-robin."""
+
+def answer_requests(handlers: dict[str, Callable[..., dict]], ready: dict) -> None:
+    """A worker's loop: `READY:{json}`, then for each JSON request line on stdin one `REPLY:{json}` line."""
+    print("READY:" + json.dumps(ready), flush=True)
+    for line in sys.stdin:
+        request = json.loads(line)
+        op = request.pop("op")
+        try:
+            reply = handlers[op](**request)
+        except Exception as e:  # the parent raises it; the worker stays up for the next request
+            reply = {"error": repr(e)}
+        print("REPLY:" + json.dumps(reply), flush=True)
+
+
+class EngineProcess:
+    """The parent's end of a worker process (`answer_requests`): one engine, alone in its process."""
+
+    def __init__(self, cmd: list[str], name: str, threads: int = NUM_THREADS):
+        self.name = name
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+        pipe = subprocess.PIPE
+        self.proc = subprocess.Popen(cmd, stdin=pipe, stdout=pipe, text=True, bufsize=1, cwd=REPO, env=env)
+        self.info = json.loads(self._line("READY:"))
+
+    def _line(self, prefix: str) -> str:
+        for line in self.proc.stdout:
+            if line.startswith(prefix):
+                return line[len(prefix) :]
+        raise RuntimeError(f"the {self.name} worker exited (rc {self.proc.wait()}) before answering {prefix}")
+
+    def ask(self, op: str, **request) -> dict:
+        self.proc.stdin.write(json.dumps({"op": op, **request}) + "\n")
+        reply = json.loads(self._line("REPLY:"))
+        if "error" in reply:
+            raise RuntimeError(f"{self.name} worker: {reply['error']}")
+        return reply
+
+    def timed(self, op: str, **request) -> dict:
+        """`ask`, with idle gaps around it: the other processes' OpenMP threads stop spinning first, then its own."""
+        time.sleep(CT2_GAP_S)
+        reply = self.ask(op, **request)
+        time.sleep(CT2_GAP_S)
+        return reply
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def nanomt_plan(translator, lines: list[str]):
+    """The batches (line indices) `Translator.translate` cuts for `lines`, and the lines it decodes at all."""
+    # As Translator._decode: source ids plus EOS, empty lines not decoded, sorted by length and cut at
+    # decode.max_tokens padded source tokens. A line past the model's positions is decoded in pieces there, which
+    # this plan does not model (capped here): BatchSpy checks the plan against each run and reports a mismatch.
+    import numpy as np
+
+    from nanomt.data import make_batches
+
+    ids = translator.tokenizer.encode_src(lines)
+    cap = translator.cfg.model.max_positions - 1
+    lens = np.array([min(len(s), cap) + 1 if s else 0 for s in ids], dtype=np.int64)
+    todo = np.flatnonzero(lens > 0)
+    batches = make_batches(lens[todo], lens[todo], translator.cfg.decode.max_tokens, 0, 0, shuffle=False)
+    return [todo[b].tolist() for b in batches], todo
+
+
+class BatchSpy:
+    """Records the batches `nanomt.translate` cuts (its make_batches calls), to check each run against the plan."""
+
+    def __init__(self, module):
+        self.module, self.calls = module, []
+        self.original = getattr(module, "make_batches", None)
+        if self.original is not None:  # a rewrite that batches otherwise leaves the runs unchecked (None)
+            module.make_batches = self._record
+
+    def _record(self, *args, **kwargs):
+        batches = self.original(*args, **kwargs)
+        self.calls.append([list(b) for b in batches])
+        return batches
+
+    def take(self, todo) -> list[list[int]] | None:
+        """Line indices of the batches of the one translate call since the last take; None if not seen as one."""
+        calls, self.calls = self.calls, []
+        return [todo[b].tolist() for b in calls[0]] if len(calls) == 1 else None
+
+
+def nanomt_engine_worker(checkpoint: str, src_file: str, threads: str) -> None:
+    """Worker process: nanomt's Translator in float32 and int8, answering the harness (no CTranslate2 here)."""
+    import torch
+
+    import nanomt.translate
     from nanomt.translate import Translator
-    from scripts.multi30k import shown
 
+    torch.set_num_threads(int(threads))
     lines = Path(src_file).read_text(encoding="utf-8").splitlines()
-    print(f"== translate {len(lines)} lines of {src_file} with {checkpoint}, beam 5", flush=True)
-    contenders, outputs = [], {}
-    for precision in ("fp32", "int8"):
-        translator = Translator.from_checkpoint(checkpoint, int8=precision == "int8")
-        name = f"nanomt_translate_{precision}/beam5"
-        run = timed(lambda t=translator, n=name: outputs.__setitem__(n, t.translate(lines, beam_size=5)))
-        contenders.append(Contender(name, run))
-        for _ in range(warmup):  # on the first 100 lines: a whole file per warm-up round would double the run
-            translator.translate(lines[:100], beam_size=5)
-    timings = round_robin(contenders, 0, reps)
-    for name, t in timings.items():
-        t.update(
-            checkpoint=shown(checkpoint),
-            src=shown(src_file),
-            n_sentences=len(lines),
-            sentences_per_s=len(lines) / t["median_s"],
-            output_words=sum(len(x.split()) for x in outputs[name]),
-        )
-    fp32, int8 = timings["nanomt_translate_fp32/beam5"], timings["nanomt_translate_int8/beam5"]
-    int8["x_fp32"] = int8["sentences_per_s"] / fp32["sentences_per_s"]
-    reference = outputs["nanomt_translate_fp32/beam5"]
-    int8["same_output_lines"] = sum(a == b for a, b in zip(reference, outputs["nanomt_translate_int8/beam5"]))
-    timings.update(ct2_translate(checkpoint, src_file, reps, reference, outputs["nanomt_translate_int8/beam5"]))
-    for precision in ("fp32", "int8"):
-        ct2 = timings.get(f"ct2_translate_{precision}/beam5", {})
-        if "sentences_per_s" in ct2:
-            ours = timings[f"nanomt_translate_{precision}/beam5"]
-            ours["x_ct2"] = ours["sentences_per_s"] / ct2["sentences_per_s"]
-    return timings
+    t0 = time.perf_counter()
+    engines = {p: Translator.from_checkpoint(checkpoint, int8=p == "int8") for p in PRECISIONS}
+    load_s = time.perf_counter() - t0
+    plan, todo = nanomt_plan(engines["fp32"], lines)
+    spy, outputs = BatchSpy(nanomt.translate), {}
+
+    def run(engine: str, beam: int) -> dict:
+        start = time.perf_counter()
+        texts = engines[engine].translate(lines, beam_size=beam)
+        seconds = time.perf_counter() - start
+        outputs[engine, beam] = texts
+        seen = spy.take(todo)
+        sizes = [len(b) for b in (plan if seen is None else seen)]
+        matches = None if seen is None else seen == plan
+        return {"seconds": seconds, "batch_sizes": sizes, "calls": len(sizes), "matches_plan": matches}
+
+    def latency(engine: str, beam: int, indices: list[int]) -> dict:
+        """Each line alone, one request after another: seconds and translation of each."""
+        seconds, texts = [], []
+        for i in indices:
+            start = time.perf_counter()
+            texts += engines[engine].translate([lines[i]], beam_size=beam)
+            seconds.append(time.perf_counter() - start)
+        spy.calls.clear()
+        return {"seconds": seconds, "translations": texts}
+
+    handlers = {
+        "run": run,
+        "outputs": lambda engine, beam: {"translations": outputs[engine, beam]},
+        "latency": latency,
+    }
+    ready = {"engine": "nanomt", "threads": torch.get_num_threads(), "torch": torch.__version__, "load_s": load_s}
+    ready["omp_num_threads"] = os.environ.get("OMP_NUM_THREADS")
+    answer_requests(handlers, {**ready, "plan": plan, "max_tokens": engines["fp32"].cfg.decode.max_tokens})
 
 
-def ct2_translate(checkpoint: str, src_file: str, reps: int, fp32_out: list[str], int8_out: list[str]) -> dict:
-    """The same checkpoint converted to CTranslate2 (benchmarks.ct2_convert, a torch-free worker), beam 5."""
-    if not available("ctranslate2", "ct2_translate"):
-        return {}
-    from nanomt.checkpoint import find_run_files
-    from nanomt.config import load_config
-    from scripts.multi30k import shown
+def engine_processes(checkpoint: str, src: Path, workdir: Path, threads: int = NUM_THREADS) -> dict[str, EngineProcess]:
+    """The nanomt worker and, when ctranslate2 is installed, the CTranslate2 one (`export ct2` into workdir)."""
+    ckpt = str(Path(checkpoint).resolve())
+    cmd = [sys.executable, "-m", "benchmarks.speed", "--engine-worker", ckpt, str(src), str(threads)]
+    engines = {"nanomt": EngineProcess(cmd, "nanomt", threads)}
+    if available("ctranslate2", "ct2_translate"):
+        cmd = [sys.executable, "-m", "benchmarks.ct2_convert", ckpt, str(workdir / "ct2"), "--src", str(src)]
+        engines["ct2"] = EngineProcess([*cmd, "--worker", "--threads", str(threads)], "ctranslate2", threads)
+    return engines
 
-    length_penalty = load_config(find_run_files(checkpoint)[0]).decode.length_penalty
-    with tempfile.TemporaryDirectory(prefix="nanomt-ct2-") as tmp:
-        cmd = [
-            sys.executable,
-            "-m",
-            "benchmarks.ct2_convert",
-            str(Path(checkpoint).resolve()),
-            tmp,
-            "--src",
-            str(Path(src_file).resolve()),
-        ]
-        cmd += ["--beam", "5", "--length-penalty", str(length_penalty), "--reps", str(reps), "--json"]
-        print("$", " ".join(cmd), flush=True)
-        res = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
-    if res.returncode != 0:
-        print(f"skipping ct2_translate: {res.stderr.strip().splitlines()[-1:]}", flush=True)
-        return {"ct2_translate": {"error": res.stderr[-2000:]}}
-    report = json.loads(res.stdout)
+
+def run_request(impl: str, precision: str, beam: int, batching: str) -> dict:
+    """The `run` request of an engine: CTranslate2 is told how to batch, nanomt batches as it always does."""
+    request = {"engine": precision, "beam": beam}
+    return {**request, "batching": batching} if impl == "ct2" else request
+
+
+def engine_contenders(engines: dict[str, EngineProcess], beams: dict[str, int], batching: str) -> list[Contender]:
+    """One contender per engine, precision and mode (name -> beam): a whole-file `run` in the engine's process."""
+    contenders = []
+    for mode, beam in beams.items():
+        for impl, proc in engines.items():
+            for precision in PRECISIONS:
+                info: dict = {}
+                request = run_request(impl, precision, beam, batching)
+
+                def run(proc=proc, request=request, info=info) -> float:
+                    reply = proc.timed("run", **request)
+                    info.update({k: v for k, v in reply.items() if k != "seconds"})
+                    return reply["seconds"]
+
+                contenders.append(Contender(f"{impl}_translate_{precision}/{mode}", run, info))
+    return contenders
+
+
+def engine_outputs(engines: dict[str, EngineProcess], beams: dict[str, int], batching: str, names) -> dict:
+    """The translations of every engine's last run (for the contenders in `names`)."""
+    out = {}
+    for mode, beam in beams.items():
+        for impl, proc in engines.items():
+            for precision in PRECISIONS:
+                name = f"{impl}_translate_{precision}/{mode}"
+                if name in names:
+                    request = run_request(impl, precision, beam, batching)
+                    out[name] = proc.ask("outputs", **request)["translations"]
+    return out
+
+
+def differing(a: list[str], b: list[str]) -> dict:
+    """How many lines differ, and the first few line numbers (1-based)."""
+    lines = [i + 1 for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y]
+    return {"differing_lines": len(lines), "first_differing_line_numbers": lines[:SHOWN_DIFFERENCES]}
+
+
+def changed_by_batch_budget(ct2: EngineProcess, beams: dict[str, int], outputs: dict) -> dict:
+    """Per precision and mode: lines where nanomt's batches changed CTranslate2's output against its exact decoding."""
+    changed = {}
+    for mode, beam in beams.items():
+        for precision in PRECISIONS:
+            name = f"ct2_translate_{precision}/{mode}"
+            if name in outputs:  # one untimed run with Ct2Translator's own grouping by generation budget
+                ct2.ask("run", engine=precision, beam=beam, batching="budget")
+                exact = ct2.ask("outputs", engine=precision, beam=beam, batching="budget")["translations"]
+                changed[name] = differing(outputs[name], exact)["differing_lines"]
+    return changed
+
+
+def engine_comparison(outputs: dict, modes) -> dict:
+    """Differing lines: nanomt against CTranslate2 at each precision, and int8 against float32 in each engine."""
+    out = {}
+    for mode in modes:
+        pairs = {
+            "fp32_nanomt_vs_ct2": ("nanomt_translate_fp32", "ct2_translate_fp32"),
+            "int8_nanomt_vs_ct2": ("nanomt_translate_int8", "ct2_translate_int8"),
+            "nanomt_int8_vs_fp32": ("nanomt_translate_int8", "nanomt_translate_fp32"),
+            "ct2_int8_vs_fp32": ("ct2_translate_int8", "ct2_translate_fp32"),
+        }
+        for key, (a, b) in pairs.items():
+            a, b = f"{a}/{mode}", f"{b}/{mode}"
+            if a in outputs and b in outputs:
+                out.setdefault(mode, {})[key] = differing(outputs[a], outputs[b])
+    return out
+
+
+def same_batches(timings: dict, batching: str) -> bool | None:
+    """Whether every engine decoded the same batches: the same sizes, and nanomt's runs cut the plan's batches."""
+    rows = [t for t in timings.values() if "batch_sizes" in t]
+    checks = [t["matches_plan"] for t in rows if "matches_plan" in t]
+    if batching != "plan" or not rows or None in checks:
+        return False if batching != "plan" else None  # None: nanomt's batches were not seen
+    return all(checks) and all(t["batch_sizes"] == rows[0]["batch_sizes"] for t in rows)
+
+
+def harness_info(
+    engines: dict[str, EngineProcess], beams: dict[str, int], batching: str, warmup: int, reps: int
+) -> dict:
+    """What the harness did: the batching, the plan's shape, the processes and their threads."""
+    nanomt = engines["nanomt"].info
+    sizes = [len(b) for b in nanomt["plan"]]
+    threads = {"nanomt": nanomt["threads"]}
+    if "ct2" in engines:
+        threads["ct2"] = engines["ct2"].info["intra_threads"]
+    return {
+        "batching": batching,
+        "how": BATCHINGS[batching],
+        "processes": "each engine in its own worker process (CTranslate2's never imports torch), this one only "
+        f"orchestrates; one whole-file run a request, {CT2_GAP_S} s idle before and after each; round-robin, "
+        f"starting one engine further along each round; {warmup} warm-up round(s) dropped, {reps} kept",
+        "threads": threads,
+        "omp_num_threads": nanomt["omp_num_threads"],
+        "nanomt_max_tokens": nanomt["max_tokens"],
+        "plan_batches": len(sizes),
+        "plan_sentences_per_batch": sizes,
+        "plan_beam_rows_per_batch": {mode: [n * beam for n in sizes] for mode, beam in beams.items()},
+        "versions": {
+            "torch": nanomt["torch"],
+            "ctranslate2": engines["ct2"].info["version"] if "ct2" in engines else None,
+        },
+    }
+
+
+def bench_translate(
+    checkpoint: str,
+    src_file: str,
+    warmup: int,
+    reps: int,
+    batching: str = "plan",
+    n_lines: int | None = None,
+    threads: int = NUM_THREADS,
+) -> dict:
+    """`Translator.translate(lines, beam_size=5)` against CTranslate2's export, float32 and int8, same batches."""
+    lines = Path(src_file).read_text(encoding="utf-8").splitlines()[:n_lines]
+    beams = {f"beam{TRANSLATE_BEAM}": TRANSLATE_BEAM}
+    print(f"== translate {len(lines)} lines of {src_file} with {checkpoint}, beam 5, {batching} batching", flush=True)
+    with tempfile.TemporaryDirectory(prefix="nanomt-translate-") as tmp, contextlib.ExitStack() as stack:
+        src = Path(tmp) / "src.txt"
+        src.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        engines = engine_processes(checkpoint, src, Path(tmp), threads)
+        for proc in engines.values():
+            stack.callback(proc.close)
+        if "ct2" in engines:
+            engines["ct2"].ask("plan", batches=engines["nanomt"].info["plan"])
+        timings = round_robin(engine_contenders(engines, beams, batching), warmup, reps)
+        outputs = engine_outputs(engines, beams, batching, {k for k, t in timings.items() if "median_s" in t})
+        changed = changed_by_batch_budget(engines["ct2"], beams, outputs) if "ct2" in engines else {}
+        harness = harness_info(engines, beams, batching, warmup, reps)
+    rows = translate_rows(timings, outputs, checkpoint, src_file, len(lines))
+    comparison = engine_comparison(outputs, beams)
+    if batching == "plan":
+        comparison["ct2_lines_changed_by_batch_budget"] = changed
+    comparison["same_batches"] = same_batches(timings, batching)
+    return {"rows": rows, "comparison": comparison, "harness": harness}
+
+
+def translate_rows(timings: dict, outputs: dict, checkpoint: str, src_file: str, n: int) -> dict:
+    """Sentences/s of every run, nanomt's ratio to CTranslate2 at the same precision, int8's to float32."""
     rows = {}
-    for run in report["runs"]:
-        precision = "int8" if run["compute_type"] == "int8" else "fp32"
-        ours = fp32_out if precision == "fp32" else int8_out
-        translations = run.pop("translations")
-        run.update(
-            checkpoint=shown(checkpoint),
-            src=shown(src_file),
-            convert_s=report["convert_s"],
-            ctranslate2=report["version"],
-            # CT2's length penalty divides by length^alpha, nanomt's GNMT one by ((5 + length) / 6)^alpha.
-            same_output_lines_as_nanomt=sum(a == b for a, b in zip(translations, ours)),
-        )
-        rows[f"ct2_translate_{precision}/beam5"] = run
+    for name, t in timings.items():
+        rows[name] = dict(t, checkpoint=rel(checkpoint), src=rel(src_file), n_sentences=n)
+        if "median_s" in t:
+            rows[name]["sentences_per_s"] = n / t["median_s"]
+            rows[name]["output_words"] = sum(len(x.split()) for x in outputs.get(name, []))
+    for name, row in rows.items():
+        impl_precision, mode = name.split("/")
+        if "sentences_per_s" not in row:
+            continue
+        ct2 = rows.get(f"ct2_translate_{impl_precision.rsplit('_', 1)[1]}/{mode}", {})
+        if impl_precision.startswith("nanomt") and "sentences_per_s" in ct2:
+            row["x_ct2"] = row["sentences_per_s"] / ct2["sentences_per_s"]
+        fp32 = rows.get(f"{impl_precision.replace('int8', 'fp32')}/{mode}", {})
+        if impl_precision.endswith("int8") and "sentences_per_s" in fp32:
+            row["x_fp32"] = row["sentences_per_s"] / fp32["sentences_per_s"]
     return rows
+
+
+def rel(path: str | Path) -> str:
+    """A path as a results file names it: relative to the repository, never absolute."""
+    return os.path.relpath(Path(path).resolve(), REPO)
+
+
+def git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
+
+
+def translate_machine(harness: dict) -> dict:
+    """CPU, threads, versions and git, without importing torch (the engines run in their own processes)."""
+    versions = {}
+    for package in ("torch", "transformers", "ctranslate2", "numpy", "sentencepiece"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            versions[package] = importlib.metadata.version(package)
+        versions.setdefault(package, None)
+    return {
+        "cpu": cpu_model(),
+        "nproc": os.cpu_count(),
+        "threads": max(harness["threads"].values()),
+        "engine_threads": harness["threads"],
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "versions": versions,
+        "git_commit": git("rev-parse", "HEAD"),
+        "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -641,6 +921,9 @@ def targets(results: dict) -> list[dict]:
             check(f"{cfg} decode {mode} fp32: nanomt / HF generate", fp32.get("x_hf"), TARGETS["decode_x_hf"])
             check(f"{cfg} decode {mode} fp32: nanomt / CT2 fp32", fp32.get("x_ct2"), TARGETS["decode_x_ct2"])
             check(f"{cfg} decode {mode} int8: nanomt / CT2 int8", int8.get("x_ct2"), TARGETS["decode_x_ct2"])
+    for name, row in results.get("translate", {}).get("rows", {}).items():
+        if name.startswith("nanomt"):
+            check(f"translate {name}: nanomt / CT2", row.get("x_ct2"), TARGETS["decode_x_ct2"])
     return out
 
 
@@ -702,22 +985,7 @@ def markdown(results: dict) -> str:
     if results.get("decode"):
         lines += decode_table(results["decode"])
     if results.get("translate"):
-        lines += ["### `nanomt translate` (beam 5)", ""]
-        for name, t in results["translate"].items():
-            if "sentences_per_s" not in t:
-                continue
-            extra = ""
-            if "x_fp32" in t:
-                extra += f", {t['x_fp32']:.2f}x float32, {t['same_output_lines']} lines identical to float32"
-            if "x_ct2" in t:
-                extra += f", **{t['x_ct2']:.2f}x CTranslate2** at the same precision"
-            if "same_output_lines_as_nanomt" in t:
-                extra += f", {t['same_output_lines_as_nanomt']} lines identical to nanomt's"
-            lines.append(
-                f"- {name}: {t['n_sentences']} sentences of `{t['src']}` in {t['median_s']:.1f} s: "
-                f"**{t['sentences_per_s']:.1f} sentences/s** (min {t['min_s']:.1f} s, max {t['max_s']:.1f} s){extra}."
-            )
-        lines.append("")
+        lines += translate_table(results["translate"])
     if results.get("targets"):
         lines += ["### Targets", "", "| target | measured | needed | met |", "|---|---|---|---|"]
         for t in results["targets"]:
@@ -788,9 +1056,42 @@ def decode_table(decode: dict) -> list[str]:
     return lines
 
 
+def translate_table(translate: dict) -> list[str]:
+    """The translate section: each run's times and ratio, then what the harness did and how the outputs compare."""
+    lines = [
+        f"### `nanomt translate` against CTranslate2 (beam {TRANSLATE_BEAM})",
+        "",
+        "| run | sentences | median s | min-max s | sentences/s | x CTranslate2 | x float32 | batches |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, t in translate["rows"].items():
+        if "median_s" not in t:
+            lines.append(f"| {name} | failed: {t.get('error')} |")
+            continue
+        lines.append(
+            f"| {name} | {t['n_sentences']} | {t['median_s']:.2f} | {t['min_s']:.2f}-{t['max_s']:.2f} "
+            f"| {t['sentences_per_s']:.1f} | {fmt(t.get('x_ct2'))} | {fmt(t.get('x_fp32'))} | {t.get('calls', '-')} |"
+        )
+    h, c = translate["harness"], translate["comparison"]
+    threads = ", ".join(f"{k} {v}" for k, v in h["threads"].items())
+    lines += ["", f"Batching: {h['how']} Threads: {threads}; {h['processes']}.", ""]
+    for name, t in translate["rows"].items():
+        if "samples_s" in t:
+            lines.append(f"- {name} samples (s): {', '.join(f'{x:.2f}' for x in t['samples_s'])}")
+    lines.append(f"- same batches for both engines: {c['same_batches']} ({h['plan_batches']} batches of nanomt's plan)")
+    for key, n in c.get("ct2_lines_changed_by_batch_budget", {}).items():
+        lines.append(f"- {key}: {n} lines changed by the batch's generation budget")
+    for mode, pairs in ((k, v) for k, v in c.items() if k.startswith("beam") or k == "greedy"):
+        for key, d in pairs.items():
+            lines.append(f"- {mode} {key}: {d['differing_lines']} differing lines {d['first_differing_line_numbers']}")
+    return [*lines, ""]
+
+
 def save(results: dict, out: str) -> tuple[Path, Path]:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    json_path, md_path = RESULTS / f"{out}.json", RESULTS / f"{out}.md"
+    """Write OUT.json and OUT.md: in benchmarks/results/ for a bare name, else where the path says."""
+    base = Path(out) if Path(out).parent != Path(".") else RESULTS / out
+    base.parent.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = base.with_name(base.name + ".json"), base.with_name(base.name + ".md")
     json_path.write_text(json.dumps(results, indent=2) + "\n")
     md_path.write_text(markdown(results))
     return json_path, md_path
@@ -828,10 +1129,20 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--anchors", type=Path, default=DEFAULT_ANCHORS, help=f"baselines (default {DEFAULT_ANCHORS})")
     ap.add_argument("--translate-checkpoint", help="checkpoint directory for the translate section")
     ap.add_argument("--src", help="source file for the translate section, one sentence a line")
+    ap.add_argument("--lines", type=int, help="translate only the first N lines of --src (--quick: 100)")
+    ap.add_argument(
+        "--ct2-batching",
+        choices=tuple(BATCHINGS),
+        default="plan",
+        help="plan (default): CTranslate2 decodes nanomt's batches; budget: its own grouping by generation budget",
+    )
     ap.add_argument("--worker", nargs=3, metavar=("KIND", "DIR", "CONFIG"), help=argparse.SUPPRESS)
+    ap.add_argument("--threads", type=int, default=NUM_THREADS, help="translate: each engine's threads (default 2)")
+    ap.add_argument("--engine-worker", nargs=3, metavar=("CHECKPOINT", "SRC", "THREADS"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.quick:
         args.configs, args.reps, args.warmup = "SMALL", 2, 1
+        args.lines = args.lines or 100
     args.out = args.out or ("speed_quick" if args.quick else "speed")
     if bool(args.translate_checkpoint) != bool(args.src):
         ap.error("--translate-checkpoint and --src go together")
@@ -853,10 +1164,33 @@ def run_worker(args: argparse.Namespace) -> None:
         anchors["common"].emit({"error": repr(e)})
 
 
+def translate_only(args: argparse.Namespace) -> None:
+    """--only translate: no anchors and no torch here, only the engines' worker processes."""
+    start = time.perf_counter()
+    settings = {"sections": ["translate"], "reps": args.reps, "warmup": args.warmup, "quick": args.quick}
+    results: dict = {"settings": {**settings, "lines": args.lines, "ct2_batching": args.ct2_batching}}
+    results["translate"] = bench_translate(
+        args.translate_checkpoint, args.src, args.warmup, args.reps, args.ct2_batching, args.lines, args.threads
+    )
+    results["translate"]["harness"]["parent_imported_torch"] = "torch" in sys.modules  # stays False here
+    results["machine"] = translate_machine(results["translate"]["harness"])
+    results["targets"] = targets(results)
+    results["wall_s"] = time.perf_counter() - start
+    json_path, md_path = save(results, args.out)
+    print(markdown(results))
+    print(f"wrote {json_path} and {md_path} in {results['wall_s']:.0f} s")
+
+
 def main() -> None:
     args = parse_args()
     if args.worker:
         run_worker(args)
+        return
+    if args.engine_worker:
+        nanomt_engine_worker(*args.engine_worker)
+        return
+    if args.only == "translate":
+        translate_only(args)
         return
     anchors = load_anchors(args.anchors)
     import torch
@@ -899,7 +1233,9 @@ def main() -> None:
             results["decode"][cfg] = bench_decode(cfg, anchors, args.warmup, args.reps)
             save(results, args.out)
     if "translate" in sections:
-        results["translate"] = bench_translate(args.translate_checkpoint, args.src, args.warmup, args.reps)
+        results["translate"] = bench_translate(
+            args.translate_checkpoint, args.src, args.warmup, args.reps, args.ct2_batching, args.lines, args.threads
+        )
     results["targets"] = targets(results)
     results["wall_s"] = time.perf_counter() - start
     json_path, md_path = save(results, args.out)

@@ -2,6 +2,7 @@
 
     python -m scripts.news_adapt --data ../shared/data                    # ~105 minutes on a 2-core CPU
     python -m scripts.news_adapt --data ../shared/data --base runs/multi30k_de_en --minutes 10
+    python -m scripts.news_adapt --data ../shared/data --base-minutes 40  # a shorter base training
 
 --data holds multi30k/ (train, val, test2016 .de/.en) and news/ (the WMT news test sets 2008-2012). The news
 training pairs are news-test2008, newssyscomb2009 and newstest2009-2011 (10,570 pairs, written once under
@@ -84,6 +85,7 @@ def main() -> None:
     p.add_argument("--data", type=Path, required=True, help="a directory with multi30k/ and news/")
     p.add_argument("--base", type=Path, default=None, help="the caption model (default: train it)")
     p.add_argument("--minutes", type=float, default=10.0, help="training budget of each of the three runs")
+    p.add_argument("--base-minutes", type=float, default=None, help="the base's budget (default: its config's)")
     p.add_argument("--work", type=Path, default=ROOT / "runs" / "news_adapt")
     p.add_argument("--out", type=Path, default=ROOT / "scripts" / "results" / "news_adapt.json")
     args = p.parse_args()
@@ -94,7 +96,8 @@ def main() -> None:
     base_run = None
     if base is None:
         base = ROOT / "runs" / "multi30k_de_en"
-        base_run = trained("base", BASE_CONFIG, base, data_overrides(multi30k), work / "base.log")
+        sets = data_overrides(multi30k) + ([f"train.max_minutes={args.base_minutes}"] if args.base_minutes else [])
+        base_run = trained("base", BASE_CONFIG, base, sets, work / "base.log")
     news_train = news_training_files(news, work)
     budget = [f"train.max_minutes={args.minutes}", "train.progress=false"]
     mix = [
