@@ -644,6 +644,7 @@ def nanomt_engine_worker(checkpoint: str, src_file: str, threads: str) -> None:
     import torch
 
     import nanomt.translate
+    from nanomt import runtime
     from nanomt.translate import Translator
 
     torch.set_num_threads(int(threads))
@@ -651,6 +652,7 @@ def nanomt_engine_worker(checkpoint: str, src_file: str, threads: str) -> None:
     t0 = time.perf_counter()
     engines = {p: Translator.from_checkpoint(checkpoint, int8=p == "int8") for p in PRECISIONS}
     load_s = time.perf_counter() - t0
+    runtime.keep_freed_memory()  # as `nanomt translate` does once its model is loaded (nanomt.cli)
     plan, todo = nanomt_plan(engines["fp32"], lines)
     spy, outputs = BatchSpy(nanomt.translate), {}
 

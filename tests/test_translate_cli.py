@@ -209,3 +209,19 @@ def test_sampling_options_need_sampling(capsys):
     with pytest.raises(SystemExit) as e:
         main(["translate", "run", "--temperature", "0.7"])
     assert e.value.code == 1 and "--sampling" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["translate", "evaluate"])
+def test_decoding_commands_keep_freed_memory_once_the_model_is_loaded(run_dir, tmp_path, monkeypatch, command):
+    """Beam search's large blocks stay in the heap (benchmarks/results/decode_malloc.json): set after loading."""
+    from nanomt import runtime
+
+    events = []
+    monkeypatch.setattr(runtime, "keep_freed_memory", lambda: events.append("malloc") or True)
+    load = Translator.from_checkpoints
+    monkeypatch.setattr(Translator, "from_checkpoints", lambda *a, **k: events.append("load") or load(*a, **k))
+    src = tmp_path / "src.txt"
+    src.write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
+    args = ["--input", str(src)] if command == "translate" else ["--src", str(src), "--ref", str(src)]
+    main([command, str(run_dir), *args, "--beam", "2"])
+    assert events == ["load", "malloc"]

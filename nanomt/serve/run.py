@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from nanomt import runtime
 from nanomt.serve.app import create_app
 from nanomt.serve.metrics import json_logs
 from nanomt.serve.models import ModelSet
@@ -20,6 +21,8 @@ def serve(config: ServeConfig) -> None:
     if config.max_loaded is None or config.max_loaded >= len(models.models):
         for model in models.models:  # everything fits: loaded now, so the first request does not wait
             models.translator(model)
+    if config.device.startswith("cpu"):  # as nanomt translate: decoding's large blocks kept in the heap (nanomt.cli)
+        runtime.keep_freed_memory()
     app = create_app(models, config)
     if config.access_log:
         json_logs()
