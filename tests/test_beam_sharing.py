@@ -1,13 +1,14 @@
 """Beam search's shared per-sentence state: the beams' queries on one sentence's cross-attention keys/values, the
-first step on one beam, and a partly filled cache reordered with a duplicated parent, each against the plain path."""
+first step on one beam, a partly filled cache reordered with a duplicated parent, and a beam wider than a pruned
+model's kept ids, each against the plain path."""
 
 import pytest
 import torch
-from conftest import random_src, random_transformer
+from conftest import KEPT, TIED_VOCAB, random_src, random_transformer, tied_pair
 
 from nanomt.decode import beam_search
 from nanomt.ensemble import Ensemble
-from nanomt.model import Encoded
+from nanomt.model import Encoded, prune_output
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -82,3 +83,18 @@ def test_a_partly_filled_cache_reordered_with_a_duplicate_continues_as_the_full_
         cache = out.cache
         full = model(src[index], tgt[index, : t + 1])[:, -1]
         torch.testing.assert_close(out.logits[:, 0], full, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("k", [7, 12])
+def test_a_beam_wider_than_a_pruned_model_s_kept_ids_decodes_as_the_full_model(k):
+    """2k candidates from fewer than 2k kept ids (k of them at the first step): the restricted model's hypotheses."""
+    restricted, _ = tied_pair(seed=3)
+    restricted.set_output_vocab(KEPT)
+    pruned = prune_output(restricted)
+    assert 2 * k > pruned.output.weight.size(0)
+    src = random_src([6, 4, 7, 2], seed=3, vocab=TIED_VOCAB)
+    got = beam_search(pruned, src, k, 8, n_best=k)
+    ref = beam_search(restricted, src, k, 8, n_best=k)
+    assert [[h.tokens for h in hs] for hs in got] == [[h.tokens for h in hs] for hs in ref]
+    for g, r in zip(sum(got, []), sum(ref, [])):
+        assert g.score == pytest.approx(r.score, rel=1e-5)
