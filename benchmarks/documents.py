@@ -128,7 +128,7 @@ def main() -> None:
         "news": shown(args.news),
         "paragraphs": paragraph_figures(args.checkpoint, args.news, args.paragraphs),
         "memory": memory_figures(args.checkpoint, args.src, args.work),
-        **machine(),
+        "machine": machine(),
     }
     args.out.write_text(json.dumps(out, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     print(json.dumps({k: out[k] for k in ("paragraphs", "memory")}, indent=1, ensure_ascii=False)[:3000])
