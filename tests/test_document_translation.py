@@ -229,6 +229,7 @@ def peak_rss_mb(args: list, stdin: Path, stdout: Path) -> float:
     return int(res.stdout.strip()) / 1024  # ru_maxrss is in KiB on Linux
 
 
+@pytest.mark.slow  # a 49 MB file through a subprocess: make test runs it, make test-fast does not
 def test_translate_streams_a_large_file_in_bounded_memory(run_dir, translator, toy_lines, tmp_path):
     # Lines of toy sentences padded with spaces to 512 bytes (the tokenizer drops the spaces, so the model has little
     # to decode): reading the whole input, as a list of lines, would take the file's size in memory.
