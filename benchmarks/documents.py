@@ -116,7 +116,7 @@ def main() -> None:
     p.add_argument("--news", type=Path, default=DEFAULT_NEWS)
     p.add_argument("--src", type=Path, default=DEFAULT_SRC)
     p.add_argument("--paragraphs", type=int, default=300, help="the first N punctuated paragraphs")
-    p.add_argument("--work", type=Path, default=Path("/tmp/nanomt_documents"))
+    p.add_argument("--work", type=Path, default=ROOT / "runs" / "documents_benchmark")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = p.parse_args()
     from scripts.multi30k import machine, shown

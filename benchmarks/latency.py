@@ -1,7 +1,7 @@
 """Latency of one sentence at beam 5: nanomt against CTranslate2, in process and through `nanomt serve --one-lock`.
 
     python -m benchmarks.latency --checkpoint runs/multi30k_de_en --src ../shared/data/multi30k/test2016.de
-    python -m benchmarks.latency --checkpoint RUN --src FILE --requests 8 --rounds 2 --warmup 2 --out /tmp/lat.json
+    python -m benchmarks.latency --checkpoint RUN --src FILE --requests 8 --rounds 2 --warmup 2 --out latency_quick.json
 
 Each request is one line of --src translated alone at beam 5, timed where its caller sees it:
 - nanomt_fp32, nanomt_int8: `Translator.translate([line], beam_size=5)` (what `nanomt translate` does with a
