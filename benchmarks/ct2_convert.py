@@ -31,7 +31,7 @@ from pathlib import Path
 
 import ctranslate2
 
-from benchmarks.speed import NUM_THREADS, answer_requests  # torch-free: speed.py imports torch lazily
+from benchmarks.speed import NUM_THREADS, answer_requests, lines_alone  # torch-free: speed.py imports torch lazily
 
 
 def load_ct2_module():
@@ -130,13 +130,7 @@ def engine_worker(ct2_dir: Path, src_file: Path, threads: int, ready: dict) -> N
         return {"translations": state["outputs"][engine, beam, batching]}
 
     def latency(engine: str, beam: int, indices: list[int]) -> dict:
-        """Each line alone, one request after another: seconds and translation of each."""
-        seconds, texts = [], []
-        for i in indices:
-            start = time.perf_counter()
-            texts += engines[engine].translate([lines[i]], beam_size=beam)
-            seconds.append(time.perf_counter() - start)
-        return {"seconds": seconds, "translations": texts}
+        return lines_alone(lambda one: engines[engine].translate(one, beam_size=beam), lines, indices)
 
     if "torch" in sys.modules:
         raise RuntimeError("the CTranslate2 worker imported torch")

@@ -27,7 +27,6 @@ import contextlib
 import importlib.util
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,11 +37,11 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.served import launch, stop
 from benchmarks.speed import (
     CT2_GAP_S,
     NUM_THREADS,
     PRECISIONS,
-    REPO,
     RESULTS,
     differing,
     engine_processes,
@@ -76,42 +75,11 @@ def engine_requesters(engines: dict) -> list[Requester]:
     ]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_server(checkpoint: Path, int8: bool, threads: int, log: Path) -> tuple[subprocess.Popen, str]:
     """`nanomt serve --one-lock` on `threads` threads, once /ready answers; the process and its URL."""
-    import httpx
-
-    port = free_port()
-    cmd = [sys.executable, "-m", "nanomt.cli", "serve", str(checkpoint), "--host", "127.0.0.1", "--port", str(port)]
-    cmd += ["--one-lock", "--beam", str(BEAM), "--no-access-log", *(["--int8"] if int8 else [])]
+    serve_args = [str(checkpoint), "--one-lock", "--beam", str(BEAM), "--no-access-log", *(["--int8"] if int8 else [])]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    with open(log, "w") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"nanomt serve exited:\n{log.read_text()[-2000:]}")
-        with contextlib.suppress(httpx.TransportError):
-            if httpx.get(url + "/ready", timeout=5).status_code == 200:
-                return proc, url
-        time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError(f"nanomt serve was not ready in 300 s:\n{log.read_text()[-2000:]}")
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    return launch(serve_args, env, log)
 
 
 def serve_requester(name: str, url: str, lines: list[str], stack: contextlib.ExitStack) -> Requester:
@@ -145,7 +113,7 @@ def serve_requesters(args, lines: list[str], tmp: Path, stack: contextlib.ExitSt
     requesters = []
     for precision in PRECISIONS:
         proc, url = start_server(args.checkpoint, precision == "int8", args.threads, tmp / f"serve_{precision}.log")
-        stack.callback(stop_server, proc)
+        stack.callback(stop, proc)
         requesters.append(serve_requester(f"serve_{precision}", url, lines, stack))
     return requesters, "measured: nanomt serve --one-lock, HTTP from this process"
 

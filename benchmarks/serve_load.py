@@ -26,9 +26,7 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -38,55 +36,25 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.common import RESULTS
-from scripts.multi30k import ROOT, machine, shown
+from benchmarks.served import launch, stop
+from scripts.multi30k import machine, shown
 
 KINDS = {"one_lock": ["--one-lock"], "batching": []}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start(args: argparse.Namespace, kind: str, log: Path) -> tuple[subprocess.Popen, str]:
     """A `nanomt serve` process of this kind, once /ready answers; its URL."""
-    port = free_port()
     served = args.models or [str(args.checkpoint)]
-    cmd = [sys.executable, "-m", "nanomt.cli", "serve", *served, "--host", "127.0.0.1"]
-    cmd += ["--port", str(port), "--no-access-log", "--queue-size", "1024", "--timeout", str(args.timeout)]
-    cmd += ["--max-wait-ms", str(args.max_wait_ms), *KINDS[kind]]
+    serve_args = [*served, "--no-access-log", "--queue-size", "1024", "--timeout", str(args.timeout)]
+    serve_args += ["--max-wait-ms", str(args.max_wait_ms), *KINDS[kind]]
     if args.beam is not None:
-        cmd += ["--beam", str(args.beam)]
+        serve_args += ["--beam", str(args.beam)]
     if args.max_batch_tokens is not None:
-        cmd += ["--max-batch-tokens", str(args.max_batch_tokens)]
+        serve_args += ["--max-batch-tokens", str(args.max_batch_tokens)]
     env = dict(os.environ)
     if args.threads is not None:
         env["OMP_NUM_THREADS"] = str(args.threads)
-    with open(log, "w") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"the {kind} server exited:\n{log.read_text()}")
-        try:
-            if httpx.get(url + "/ready", timeout=5).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise SystemExit(f"the {kind} server was not ready in 300 s:\n{log.read_text()}")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    return launch(serve_args, env, log)
 
 
 def server_stats(url: str) -> dict[str, float]:

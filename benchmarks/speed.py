@@ -562,6 +562,16 @@ def answer_requests(handlers: dict[str, Callable[..., dict]], ready: dict) -> No
         print("REPLY:" + json.dumps(reply), flush=True)
 
 
+def lines_alone(translate: Callable[[list[str]], list[str]], lines: list[str], indices: list[int]) -> dict:
+    """A worker's latency request: each line alone, one after another; the seconds and translation of each."""
+    seconds, texts = [], []
+    for i in indices:
+        start = time.perf_counter()
+        texts += translate([lines[i]])
+        seconds.append(time.perf_counter() - start)
+    return {"seconds": seconds, "translations": texts}
+
+
 class EngineProcess:
     """The parent's end of a worker process (`answer_requests`): one engine, alone in its process."""
 
@@ -667,14 +677,9 @@ def nanomt_engine_worker(checkpoint: str, src_file: str, threads: str) -> None:
         return {"seconds": seconds, "batch_sizes": sizes, "calls": len(sizes), "matches_plan": matches}
 
     def latency(engine: str, beam: int, indices: list[int]) -> dict:
-        """Each line alone, one request after another: seconds and translation of each."""
-        seconds, texts = [], []
-        for i in indices:
-            start = time.perf_counter()
-            texts += engines[engine].translate([lines[i]], beam_size=beam)
-            seconds.append(time.perf_counter() - start)
+        reply = lines_alone(lambda one: engines[engine].translate(one, beam_size=beam), lines, indices)
         spy.calls.clear()
-        return {"seconds": seconds, "translations": texts}
+        return reply
 
     handlers = {
         "run": run,
