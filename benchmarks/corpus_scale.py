@@ -52,7 +52,7 @@ GIB = 1 << 30
 def source_pairs(source: str, data: Path) -> list[tuple[str, str]]:
     """The sentence pairs the corpus is built from: Multi30k's training pairs, or the toy pair's."""
     if source == "toy":
-        from nanomt.synthetic import generate_pairs
+        from nanomt.training.synthetic import generate_pairs
 
         return generate_pairs(20_000, seed=0)
     src = (data / "train.de").read_text(encoding="utf-8").splitlines()
@@ -121,11 +121,11 @@ def run_stage(stage: str, config: Path, run_dir: Path, seconds: float) -> dict:
     """Run one stage here and return its figures (the parent adds wall time and peak RSS)."""
     import logging
 
-    from nanomt import runtime
-    from nanomt.config import load_config
-    from nanomt.data import binarize, collate
-    from nanomt.tokenizer import Tokenizer
-    from nanomt.train import epoch_batches, prepare_data, prepare_run_dir, train
+    from nanomt.core import runtime
+    from nanomt.core.config import load_config
+    from nanomt.core.tokenizer import Tokenizer
+    from nanomt.training.data import binarize, collate
+    from nanomt.training.train import epoch_batches, prepare_data, prepare_run_dir, train
 
     logging.basicConfig(level=logging.WARNING)
     cfg = load_config(config)
@@ -189,7 +189,7 @@ def stage_process(stage: str, config: Path, run_dir: Path, seconds: float) -> di
 
 
 def write_config(cfg: dict, path: Path) -> Path:
-    from nanomt.config import config_from_dict, save_config
+    from nanomt.core.config import config_from_dict, save_config
 
     save_config(config_from_dict(cfg), path)
     return path
@@ -225,7 +225,7 @@ def bounds(result: dict) -> list[str]:
 
 def encode_rate(run_dir: Path, corpus: Path, n: int = 20_000) -> int:
     """Pairs/s of the tokenizer's encoding alone (both sides, all cores), on the first n pairs."""
-    from nanomt.tokenizer import Tokenizer
+    from nanomt.core.tokenizer import Tokenizer
 
     tok = Tokenizer.load(run_dir / "tokenizer")
     with open(corpus / "train.src", encoding="utf-8") as fs, open(corpus / "train.tgt", encoding="utf-8") as ft:

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import RESULTS
-from nanomt.runtime import user_allocator_settings
+from nanomt.core.runtime import user_allocator_settings
 from scripts.multi30k import ROOT, machine, shown
 
 SETTINGS = {"glibc_default": "glibc.malloc.perturb=0", "nanomt": None}
@@ -34,8 +34,8 @@ SETTINGS = {"glibc_default": "glibc.malloc.perturb=0", "nanomt": None}
 
 def child(checkpoint: Path, src: Path, beam: int, reps: int) -> dict:
     """One process' run: what `nanomt translate` does (the malloc setting, then decoding), timed."""
-    from nanomt import runtime
-    from nanomt.translate import Translator
+    from nanomt.core import runtime
+    from nanomt.decoding.translate import Translator
 
     applied = runtime.keep_freed_memory()
     translator = Translator.from_checkpoint(checkpoint)

@@ -42,8 +42,8 @@ print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
 
 def paragraph_figures(checkpoint: Path, news: Path, limit: int) -> dict:
     """Paragraphs as documents against their lines one by one."""
-    from nanomt import document_translation as dt
-    from nanomt.translate import Translator
+    from nanomt.decoding.translate import Translator
+    from nanomt.documents import translation as dt
 
     translator = Translator.from_checkpoint(checkpoint)
     _, n_best, source = dt.for_translator(translator)

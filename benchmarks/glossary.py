@@ -6,7 +6,7 @@ The glossary is made from the references, as a user's terminology would be: Germ
 letters seen 5+ times in the training sources) are paired with the English word they co-occur with most in the
 training pairs (Dice coefficient >= 0.3, an English word of 3+ letters seen 5+ times); a pair is kept when, in every
 test2016 pair whose source holds the German word, the reference holds the English one. Each test sentence then
-asks for the English terms of the German nouns it contains (nanomt.glossary.required_terms).
+asks for the English terms of the German nouns it contains (nanomt.decoding.glossary.required_terms).
 
 Measured at beam 5, in one process: BLEU and chrF of test2016 without and with the glossary; among the sentences
 that ask for terms, the share whose translation contains every one of them (the terms as words, case-sensitive);
@@ -27,9 +27,9 @@ from pathlib import Path
 
 import torch
 
-from nanomt.glossary import required_terms
-from nanomt.metrics import score
-from nanomt.translate import Translator
+from nanomt.decoding.glossary import required_terms
+from nanomt.decoding.translate import Translator
+from nanomt.training.metrics import score
 
 ROOT = Path(__file__).resolve().parent.parent
 WORD = re.compile(r"\w+")

@@ -31,9 +31,9 @@ from pathlib import Path
 import torch
 
 from benchmarks.gpu_step import git_commit, sync
-from nanomt.decode import beam_search, greedy
+from nanomt.core.model import Transformer
+from nanomt.decoding.search import beam_search, greedy
 from nanomt.interop.marian import load_marian_weights, model_config, read_marian_weights
-from nanomt.model import Transformer
 
 BASE = dict(d_model=512, n_heads=8, layers=6, d_ff=2048, vocab=32000, batch=64, new_tokens=32)
 TINY = dict(d_model=32, n_heads=2, layers=1, d_ff=64, vocab=200, batch=4, new_tokens=6)

@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from nanomt import ModelConfig, Transformer
-from nanomt.train import label_smoothed_loss
+from nanomt.training.train import label_smoothed_loss
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = dict(d_model=512, n_heads=8, layers=6, d_ff=2048, vocab=37000, batch=128, src_len=32, tgt_len=32)

@@ -12,7 +12,7 @@ Run from the repository root on an otherwise idle machine:
    - `fp32`: F.linear (MKL);
    - `per_tensor`: torch.ao's dynamic quantization (what `--int8` was: FBGEMM, per-channel int8 weights, one 7-bit
      activation scale per tensor, so per batch);
-   - `nanomt`: `nanomt.quantize.quantize_int8`'s Int8Linear: per-row 7-bit activation codes, then
+   - `nanomt`: `nanomt.decoding.quantize.quantize_int8`'s Int8Linear: per-row 7-bit activation codes, then
      `torch._int_mm` for layers of up to 2^20 weights on CPUs with AVX512-VNNI, else oneDNN's prepacked u8 x s8
      `qlinear_pointwise`; the row's step and the bias after. `rows_int_mm` and `rows_qlinear` are the same layer
      with one kernel forced;
@@ -55,10 +55,10 @@ import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
 from benchmarks.speed import Contender, round_robin  # noqa: E402
-from nanomt.checkpoint import load_checkpoint  # noqa: E402
-from nanomt.evaluate import evaluate  # noqa: E402
-from nanomt.quantize import Int8Linear, quantize_int8  # noqa: E402
-from nanomt.translate import Translator  # noqa: E402
+from nanomt.core.checkpoint import load_checkpoint  # noqa: E402
+from nanomt.decoding.quantize import Int8Linear, quantize_int8  # noqa: E402
+from nanomt.decoding.translate import Translator  # noqa: E402
+from nanomt.training.evaluate import evaluate  # noqa: E402
 from scripts.multi30k import ROOT, machine, shown  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"

@@ -5,7 +5,7 @@
 By default glibc gives every block over its mmap threshold (at most 32 MB) pages of its own and returns them to
 the kernel on free. A training step allocates and frees several such blocks (the (B*T, V) logits, their
 gradient), so the next step faults every page in again. `nanomt train` on a CPU turns mmap off for large blocks
-and heap trimming up (`nanomt/runtime.py`, `keep_freed_memory`). Here the recipe (`configs/multi30k_de_en.yaml`,
+and heap trimming up (`nanomt/core/runtime.py`, `keep_freed_memory`). Here the recipe (`configs/multi30k_de_en.yaml`,
 `precision: auto`) runs through `nanomt train` for --steps steps in each setting, alternating, --pairs times; the
 batches are the same in every run (same seed). The baseline sets GLIBC_TUNABLES to glibc's own default for
 `perturb` (a no-op), which is enough for nanomt to leave malloc alone. Per run: median ms per step after the
@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.common import step_timing_args, timed_run, write_step_timings
-from nanomt.runtime import user_allocator_settings
+from nanomt.core.runtime import user_allocator_settings
 
 SETTINGS = {"glibc_default": "glibc.malloc.perturb=0", "nanomt": None}
 

@@ -17,7 +17,7 @@ run directory and `nanomt export ct2` a CTranslate2 model, the commands a user r
 Measured, on the first --sentences lines of test2016.de, end to end (tokenize, batch, decode, detokenize):
 - sentences/s, greedy and beam 4, float32 and int8, for `Translator.translate` (what `nanomt translate` runs; int8:
   `--int8`), transformers' `generate` (MarianTokenizer, batches of --hf-batch sentences sorted by length; int8:
-  nanomt.quantize.quantize_int8 on its Linear layers, the layers of nanomt's --int8) and CTranslate2 (`export ct2`,
+  nanomt's quantize_int8 on its Linear layers, the layers of nanomt's --int8) and CTranslate2 (`export ct2`,
   decoded with nanomt's rules; int8: compute_type int8). nanomt and CTranslate2 each run in a worker process of
   their own, as in `benchmarks.speed`'s translate harness (CTranslate2's never imports torch, and decodes exactly
   nanomt's batches), transformers in this one; all are timed round-robin, one warm-up round and --reps kept, median
@@ -64,9 +64,9 @@ from benchmarks.speed import (  # noqa: E402
     same_batches,
     timed,
 )
+from nanomt.decoding.quantize import quantize_int8  # noqa: E402
+from nanomt.decoding.translate import Translator  # noqa: E402
 from nanomt.interop.marian import import_marian  # noqa: E402
-from nanomt.quantize import quantize_int8  # noqa: E402
-from nanomt.translate import Translator  # noqa: E402
 from scripts.multi30k import ROOT, machine, shown  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"

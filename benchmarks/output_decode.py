@@ -25,9 +25,9 @@ import sacrebleu
 import torch
 
 from benchmarks.common import DEFAULT_DATA, RESULTS
-from nanomt.checkpoint import load_checkpoint
-from nanomt.quantize import quantize_int8
-from nanomt.translate import Translator
+from nanomt.core.checkpoint import load_checkpoint
+from nanomt.decoding.quantize import quantize_int8
+from nanomt.decoding.translate import Translator
 from scripts.multi30k import ROOT, machine, shown
 
 

@@ -6,7 +6,7 @@
 For each model, the first --sentences lines of SRC (4 words or more) get one span put between two of their words,
 in turn a URL, an e-mail address, an emoji and inline code. What the model makes of the sentence without the span
 is the reference: a span should cost the rest of the translation nothing. Methods:
-- `around` (nanomt.documents): the span stays in the text and the words either side are translated as units;
+- `around` (nanomt.documents.segmentation): span stays in the text and the words either side are translated as units;
 - `placeholder_*`: the span is replaced by a placeholder, the sentence translated whole, and the span put back where
   the placeholder comes out: `unk` a character outside every vocabulary (SentencePiece's <unk>, decoded as ⁇),
   `number` the digits 42, `name` a made-up capitalised word; a span comes back only where the placeholder appears
@@ -26,7 +26,7 @@ from pathlib import Path
 from sacrebleu.metrics import CHRF
 
 from nanomt import Translator
-from nanomt.documents import translate_texts
+from nanomt.documents.segmentation import translate_texts
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "passthrough.json"

@@ -34,8 +34,8 @@ def profile(checkpoint: Path, lines: list[str], beam: int, int8: bool, top: int)
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    from nanomt import runtime
-    from nanomt.translate import Translator
+    from nanomt.core import runtime
+    from nanomt.decoding.translate import Translator
 
     translator = Translator.from_checkpoint(checkpoint, int8=int8)
     runtime.keep_freed_memory()

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def child(checkpoint: Path, src: Path, beam: int, reps: int) -> dict:
     import nanomt
-    from nanomt.translate import Translator
+    from nanomt.decoding.translate import Translator
 
     translator = Translator.from_checkpoint(checkpoint)
     lines = src.read_text(encoding="utf-8").splitlines()

@@ -13,7 +13,7 @@ paragraphs whose sentences hold every non-space character of the paragraph, in o
 
 Speed is gold sentences split a second, one thread, the best of 3 passes over the first 500 paragraphs. Import
 cost is measured in a fresh interpreter (`--probe NAME`): seconds and resident memory added by importing the
-library, building its splitter and splitting one sentence (not for nanomt.sentences, whose package imports torch).
+library, building its splitter and splitting one sentence (not for nanomt.documents.sentences).
 Weight is the installed size of the distribution's files, and of the distributions it always requires. The
 candidates are imported lazily: a missing one is reported as missing, not a failure.
 """
@@ -67,7 +67,7 @@ def _blingfire(lang: str) -> Splitter:
 
 
 def _nanomt(lang: str) -> Splitter:
-    from nanomt.sentences import split_sentences
+    from nanomt.documents.sentences import split_sentences
 
     return lambda text: split_sentences(text, lang)
 
@@ -78,7 +78,7 @@ CANDIDATES: dict[str, tuple[Callable[[str], Splitter], str, str]] = {
     "pysbd": (_pysbd, "pysbd", "pysbd"),
     "sentence-splitter": (_moses, "sentence-splitter", "sentence_splitter"),
     "blingfire": (_blingfire, "blingfire", "blingfire"),
-    "nanomt.sentences": (_nanomt, "", "nanomt.sentences"),
+    "nanomt.documents.sentences": (_nanomt, "", "nanomt.documents.sentences"),
 }
 
 

@@ -163,7 +163,7 @@ def read_lines(path: Path, n: int) -> list[str]:
 
 def many(args: argparse.Namespace) -> None:
     """One batching server of every run; clients spread over the pairs; every answer checked against its run."""
-    from nanomt.translate import Translator
+    from nanomt.decoding.translate import Translator
 
     runs = dict(spec.split("=", 1) for spec in args.models)
     files = dict(spec.split("=", 1) for spec in args.sentences)

@@ -177,7 +177,7 @@ def train_step_flops(c: dict) -> float:
 
 def nanomt_model_config(c: dict, tied: bool):
     """nanomt at the anchors' dimensions; tied = one embedding for source, target and output (as Marian)."""
-    from nanomt.config import ModelConfig
+    from nanomt.core.config import ModelConfig
 
     return ModelConfig(
         src_vocab_size=c["vocab"],
@@ -201,12 +201,12 @@ def nanomt_ids(batch: int, length: int, vocab: int, seed: int):
 
 
 def nanomt_trainee(c: dict, tied: bool):
-    """A nanomt model in train mode and its loss(bf16) on a fixed full-length batch, as nanomt.train computes it."""
+    """A nanomt model in train mode and its loss(bf16) on a fixed full-length batch, as training computes it."""
     import torch
 
-    from nanomt.config import BOS_ID, EOS_ID
-    from nanomt.model import Transformer
-    from nanomt.train import label_smoothed_loss
+    from nanomt.core.config import BOS_ID, EOS_ID
+    from nanomt.core.model import Transformer
+    from nanomt.training.train import label_smoothed_loss
 
     torch.manual_seed(0)
     model = Transformer(nanomt_model_config(c, tied)).train()
@@ -218,7 +218,9 @@ def nanomt_trainee(c: dict, tied: bool):
     n_tokens = int((tgt_out != model.cfg.pad_id).sum())
 
     def loss(bf16: bool):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):  # as nanomt.train: the forward pass only
+        with torch.autocast(
+            "cpu", dtype=torch.bfloat16, enabled=bf16
+        ):  # as nanomt.training.train: the forward pass only
             logits = model(src, tgt_in)
         return label_smoothed_loss(logits, tgt_out, LABEL_SMOOTHING, model.cfg.pad_id) / n_tokens
 
@@ -298,7 +300,7 @@ def bench_train(cfg_name: str, anchors: dict, warmup: int, reps: int) -> dict:
     contenders = [gemm_contender()]
     for name, (model, loss_fn) in train_trainees(c, anchors).items():
         # AdamW as the anchors' bench_train.py: lr 1e-4, eps 1e-9; the anchors with PyTorch's default (for-loop)
-        # CPU implementation, nanomt with the fused kernel that nanomt.train uses.
+        # CPU implementation, nanomt with the fused kernel that nanomt.training.train uses.
         fused = name.startswith("nanomt")
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, eps=1e-9, fused=fused or None)
         for precision in ("fp32", "bf16"):
@@ -344,9 +346,9 @@ def nanomt_decode_contenders(c: dict) -> tuple[list[Contender], dict]:
     """nanomt greedy and beam 4 at fp32, bf16 autocast and int8 (quantize_dynamic), exactly N_NEW tokens each."""
     import torch
 
-    from nanomt.config import EOS_ID
-    from nanomt.decode import beam_search, greedy
-    from nanomt.model import Transformer
+    from nanomt.core.config import EOS_ID
+    from nanomt.core.model import Transformer
+    from nanomt.decoding.search import beam_search, greedy
 
     torch.manual_seed(0)
     model = Transformer(nanomt_model_config(c, tied=True)).eval()
@@ -378,10 +380,10 @@ def nanomt_decode_contenders(c: dict) -> tuple[list[Contender], dict]:
 
 
 def quantize_int8(model) -> tuple[object | None, dict]:
-    """nanomt.quantize.quantize_int8 (what `translate --int8` uses); None and the error when it fails."""
-    from nanomt.quantize import quantize_int8 as quantize
+    """nanomt.decoding.quantize.quantize_int8 (what `translate --int8` uses); None and the error when it fails."""
+    from nanomt.decoding.quantize import quantize_int8 as quantize
 
-    api = "nanomt.quantize.quantize_int8 (int8 x int8 products: weights scaled per output row, inputs per row)"
+    api = "nanomt.decoding.quantize.quantize_int8 (int8 x int8 products: weights scaled per output row, inputs per row)"
     try:
         return quantize(model), {"api": api}
     except Exception as e:
@@ -619,7 +621,7 @@ def nanomt_plan(translator, lines: list[str]):
     # this plan does not model (capped here): BatchSpy checks the plan against each run and reports a mismatch.
     import numpy as np
 
-    from nanomt.data import make_batches
+    from nanomt.core.batches import make_batches
 
     ids = translator.tokenizer.encode_src(lines)
     cap = translator.cfg.model.max_positions - 1
@@ -630,7 +632,7 @@ def nanomt_plan(translator, lines: list[str]):
 
 
 class BatchSpy:
-    """Records the batches `nanomt.translate` cuts (its make_batches calls), to check each run against the plan."""
+    """Records the batches the Translator cuts (its make_batches calls), to check each run against the plan."""
 
     def __init__(self, module):
         self.module, self.calls = module, []
@@ -653,9 +655,9 @@ def nanomt_engine_worker(checkpoint: str, src_file: str, threads: str) -> None:
     """Worker process: nanomt's Translator in float32 and int8, answering the harness (no CTranslate2 here)."""
     import torch
 
-    import nanomt.translate
-    from nanomt import runtime
-    from nanomt.translate import Translator
+    import nanomt.decoding.translate
+    from nanomt.core import runtime
+    from nanomt.decoding.translate import Translator
 
     torch.set_num_threads(int(threads))
     lines = Path(src_file).read_text(encoding="utf-8").splitlines()
@@ -664,7 +666,7 @@ def nanomt_engine_worker(checkpoint: str, src_file: str, threads: str) -> None:
     load_s = time.perf_counter() - t0
     runtime.keep_freed_memory()  # as `nanomt translate` does once its model is loaded (nanomt.cli)
     plan, todo = nanomt_plan(engines["fp32"], lines)
-    spy, outputs = BatchSpy(nanomt.translate), {}
+    spy, outputs = BatchSpy(nanomt.decoding.translate), {}
 
     def run(engine: str, beam: int) -> dict:
         start = time.perf_counter()
@@ -1208,7 +1210,7 @@ def main() -> None:
     if unknown:
         sys.exit(f"unknown config(s) {sorted(unknown)}; the anchors have {sorted(anchors['common'].CONFIGS)}")
     sections = [args.only] if args.only else ["train", "decode"] + (["translate"] if args.translate_checkpoint else [])
-    from nanomt.runtime import cpu_has_bf16_kernels
+    from nanomt.core.runtime import cpu_has_bf16_kernels
 
     if {"train", "decode"} & set(sections) and not cpu_has_bf16_kernels():
         sys.exit(

@@ -13,7 +13,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from nanomt.model import sinusoidal_table
+from nanomt.core.model import sinusoidal_table
 
 DPI = 120
 # Bundled with matplotlib and has U+2581 ("▁", SentencePiece's word-start mark), whatever the user's rcParams.

@@ -28,12 +28,12 @@ from pathlib import Path
 
 import torch
 
-from nanomt import checkpoint as ckpt
-from nanomt.config import load_config
-from nanomt.evaluate import evaluate
+from nanomt.core import checkpoint as ckpt
+from nanomt.core.config import load_config
+from nanomt.core.runtime import cpu_has_bf16_kernels
+from nanomt.decoding.translate import Translator
 from nanomt.plots import plot_curves, read_metrics
-from nanomt.runtime import cpu_has_bf16_kernels
-from nanomt.translate import Translator
+from nanomt.training.evaluate import evaluate
 
 ROOT = Path(__file__).resolve().parent.parent
 NANOMT = [sys.executable, "-m", "nanomt.cli"]

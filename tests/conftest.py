@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from nanomt.config import ModelConfig
-from nanomt.model import Transformer
-from nanomt.synthetic import write_corpus
-from nanomt.tokenizer import EOS_ID, PAD_ID, UNK_ID
+from nanomt.core.config import ModelConfig
+from nanomt.core.model import Transformer
+from nanomt.core.tokenizer import EOS_ID, PAD_ID, UNK_ID
+from nanomt.training.synthetic import write_corpus
 
 # Subprocesses and the tests themselves use 1 thread each, so results do not depend on the machine's core count.
 os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -24,9 +24,9 @@ import torch
 from conftest import KEPT, TIED_VOCAB, random_src, random_transformer
 
 import nanomt
-from nanomt.decode import beam_search, greedy, max_len_fn, sample
-from nanomt.ensemble import Ensemble
-from nanomt.model import Transformer, prune_output
+from nanomt.core.model import Transformer, prune_output
+from nanomt.decoding.ensemble import Ensemble
+from nanomt.decoding.search import beam_search, greedy, max_len_fn, sample
 
 V = 24
 LENGTHS = [7, 3, 5, 1, 6, 8, 2, 4]

@@ -7,10 +7,10 @@ import torch
 from conftest import random_transformer
 from decode_golden import LENGTHS, models
 
-from nanomt.config import Config, DataConfig, DecodeConfig
-from nanomt.decode import beam_search, greedy, max_len_fn, sample
-from nanomt.tokenizer import train_tokenizer
-from nanomt.translate import Translator
+from nanomt.core.config import Config, DataConfig, DecodeConfig
+from nanomt.core.tokenizer import train_tokenizer
+from nanomt.decoding.search import beam_search, greedy, max_len_fn, sample
+from nanomt.decoding.translate import Translator
 
 SETTINGS = {"plain": {}, "min_len2": {"min_len": 2}, "max_len_fn": {"max_len": max_len_fn(1.2, 3)}}
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 from conftest import KEPT, TIED_VOCAB, random_src, random_transformer, tied_pair
 
-from nanomt.decode import beam_search
-from nanomt.ensemble import Ensemble
-from nanomt.model import Encoded, prune_output
+from nanomt.core.model import Encoded, prune_output
+from nanomt.decoding.ensemble import Ensemble
+from nanomt.decoding.search import beam_search
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

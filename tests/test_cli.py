@@ -12,14 +12,14 @@ import sacrebleu
 import torch
 from conftest import NANOMT, tiny_config
 
-from nanomt.checkpoint import WEIGHTS, CheckpointError, read_weights, save_weights, step_dirs
 from nanomt.cli import build_parser, main
-from nanomt.config import config_from_dict
-from nanomt.ensemble import Ensemble
-from nanomt.quantize import is_quantized
-from nanomt.tokenizer import train_tokenizer
-from nanomt.train import train
-from nanomt.translate import Translator
+from nanomt.core.checkpoint import WEIGHTS, CheckpointError, read_weights, save_weights, step_dirs
+from nanomt.core.config import config_from_dict
+from nanomt.core.tokenizer import train_tokenizer
+from nanomt.decoding.ensemble import Ensemble
+from nanomt.decoding.quantize import is_quantized
+from nanomt.decoding.translate import Translator
+from nanomt.training.train import train
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@
 import pytest
 import yaml
 
-from nanomt.config import Config, ConfigError, ModelConfig, config_from_dict, load_config, save_config
+from nanomt.core.config import Config, ConfigError, ModelConfig, config_from_dict, load_config, save_config
 
 
 def test_yaml_round_trip(tmp_path):

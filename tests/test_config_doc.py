@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nanomt.config import (
+from nanomt.core.config import (
     CorpusConfig,
     DataConfig,
     DecodeConfig,

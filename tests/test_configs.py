@@ -7,10 +7,10 @@ import pytest
 import sentencepiece as spm
 from conftest import tiny_config
 
-from nanomt.config import config_from_dict, load_config
-from nanomt.synthetic import write_corpus
-from nanomt.tokenizer import train_tokenizer
-from nanomt.train import train
+from nanomt.core.config import config_from_dict, load_config
+from nanomt.core.tokenizer import train_tokenizer
+from nanomt.training.synthetic import write_corpus
+from nanomt.training.train import train
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 WMT14 = ["wmt14_en_de_base.yaml", "wmt14_de_en_base.yaml"]

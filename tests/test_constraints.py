@@ -5,9 +5,9 @@ import math
 import pytest
 from test_decode import A, B, C, TableModel, all_hypotheses, penalized, random_table, table_src
 
-from nanomt.constraints import Progress, constrained_beam_search
-from nanomt.decode import beam_search, search
-from nanomt.decoding import Decoding
+from nanomt.core.decoding import Decoding
+from nanomt.decoding.constrained import Progress, constrained_beam_search
+from nanomt.decoding.search import beam_search, search
 
 MAX_LEN = 4
 

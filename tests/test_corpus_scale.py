@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from conftest import peak_python_memory
 
-from nanomt import data
-from nanomt.config import DataConfig, SplitConfig
-from nanomt.data import Corpus, _pack, binarize, both_directions, corpus_texts, output_ids, resegment
-from nanomt.tokenizer import Tokenizer, set_sampling_seed, train_tokenizer
+from nanomt.core.config import DataConfig, SplitConfig
+from nanomt.core.tokenizer import Tokenizer, set_sampling_seed, train_tokenizer
+from nanomt.training import data
+from nanomt.training.data import Corpus, _pack, binarize, both_directions, corpus_texts, output_ids, resegment
 
 ROOT = Path(__file__).resolve().parent.parent
 WORDS = "ka to mi ren sal bo lu ne fa gi do pe sch ung ei ach ber ost lin quo zwe wu xa yil".split()

@@ -10,12 +10,12 @@ import pytest
 import torch
 from conftest import random_src, random_transformer, tiny_config
 
-from nanomt import train as train_module
-from nanomt.checkpoint import WEIGHTS, load_trainer_state, read_weights, step_dirs
-from nanomt.config import config_from_dict
-from nanomt.decode import beam_search, greedy
-from nanomt.synthetic import write_corpus
-from nanomt.train import lr_at, train
+from nanomt.core.checkpoint import WEIGHTS, load_trainer_state, read_weights, step_dirs
+from nanomt.core.config import config_from_dict
+from nanomt.decoding.search import beam_search, greedy
+from nanomt.training import train as train_module
+from nanomt.training.synthetic import write_corpus
+from nanomt.training.train import lr_at, train
 
 pytestmark = pytest.mark.cuda
 # cuBLAS picks a reduction order per workspace; a fixed workspace makes its products repeatable (PyTorch's

@@ -10,9 +10,11 @@ import pytest
 import torch
 from conftest import peak_python_memory
 
-from nanomt import data
-from nanomt.config import DataConfig, HFDataConfig, SpecialIds, SplitConfig
-from nanomt.data import (
+from nanomt.core.batches import make_batches
+from nanomt.core.config import DataConfig, HFDataConfig, SpecialIds, SplitConfig
+from nanomt.core.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, train_tokenizer
+from nanomt.training import data
+from nanomt.training.data import (
     Corpus,
     CorpusError,
     _pack,
@@ -22,14 +24,12 @@ from nanomt.data import (
     collate,
     corpus_texts,
     hf_pairs,
-    make_batches,
     padding_fraction,
     read_pairs,
     resegment,
     shard,
     split_pairs,
 )
-from nanomt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, train_tokenizer
 
 NANOMT_IDS = SpecialIds(PAD_ID, BOS_ID, EOS_ID)
 

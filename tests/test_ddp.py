@@ -13,11 +13,11 @@ import torch
 import yaml
 from conftest import NANOMT, tiny_config
 
-from nanomt import runtime
-from nanomt.checkpoint import WEIGHTS, TrainState, read_weights, step_dirs
-from nanomt.config import config_from_dict
-from nanomt.model import Transformer
-from nanomt.train import label_smoothed_loss, train
+from nanomt.core import runtime
+from nanomt.core.checkpoint import WEIGHTS, TrainState, read_weights, step_dirs
+from nanomt.core.config import config_from_dict
+from nanomt.core.model import Transformer
+from nanomt.training.train import label_smoothed_loss, train
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
@@ -130,10 +130,10 @@ def test_a_non_finite_loss_is_caught_at_the_next_log_row_before_any_checkpoint_o
 
 LAUNCHER = """
 import os, pathlib, sys, time
-import nanomt.train
+import nanomt.training.train
 from nanomt.cli import main
 
-real_update, calls = nanomt.train.update, []
+real_update, calls = nanomt.training.train.update, []
 
 
 def update(*args, **kwargs):  # rank 1 fails at its FAIL_AT-th step, after its gradients were all-reduced
@@ -146,7 +146,7 @@ def update(*args, **kwargs):  # rank 1 fails at its FAIL_AT-th step, after its g
     return real_update(*args, **kwargs)
 
 
-nanomt.train.update = update
+nanomt.training.train.update = update
 main(sys.argv[1:])
 """
 
@@ -223,7 +223,7 @@ def test_threads_are_the_cores_shared_by_the_processes_of_this_machine(monkeypat
 
 
 def tiny_model() -> Transformer:
-    from nanomt.config import ModelConfig
+    from nanomt.core.config import ModelConfig
 
     return Transformer(ModelConfig(20, 20, d_model=16, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=32))
 
@@ -260,7 +260,7 @@ def test_the_fused_loss_of_cuda_equals_the_cpu_loss_in_value_and_gradient(dtype)
 def test_background_collation_follows_the_plan_across_epochs_and_counts_all_ranks_tokens(toy_corpus, tmp_path):
     import threading
 
-    import nanomt.train as t
+    import nanomt.training.train as t
 
     cfg = config_from_dict(tiny_config(toy_corpus, max_tokens=20000))  # a few batches an epoch
     one = runtime.Runtime(0, 1, torch.device("cpu"), "fp32")
@@ -289,8 +289,8 @@ def test_background_collation_follows_the_plan_across_epochs_and_counts_all_rank
 
 
 def test_batches_for_a_gpu_are_padded_to_multiples_of_8_without_changing_the_loss():
-    import nanomt.train as t
-    from nanomt.data import Batch
+    import nanomt.training.train as t
+    from nanomt.training.data import Batch
 
     torch.manual_seed(0)
     model = tiny_model()

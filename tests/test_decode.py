@@ -12,9 +12,9 @@ import pytest
 import torch
 from conftest import random_src, random_transformer
 
-from nanomt.config import ModelConfig
-from nanomt.decode import Hypothesis, beam_search, greedy, max_len_fn, sample
-from nanomt.model import DecoderOutput, Encoded, Transformer, padding_mask
+from nanomt.core.config import ModelConfig
+from nanomt.core.model import DecoderOutput, Encoded, Transformer, padding_mask
+from nanomt.decoding.search import Hypothesis, beam_search, greedy, max_len_fn, sample
 
 PAD, UNK, BOS, EOS, A, B, C = range(7)
 V = 24

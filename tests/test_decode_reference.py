@@ -17,10 +17,10 @@ import pytest
 import torch
 from conftest import random_transformer
 
-from nanomt.config import ModelConfig
-from nanomt.decode import Hypothesis, beam_search, max_len_fn
-from nanomt.model import DecoderOutput, Encoded, padding_mask
-from nanomt.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from nanomt.core.config import ModelConfig
+from nanomt.core.model import DecoderOutput, Encoded, padding_mask
+from nanomt.core.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from nanomt.decoding.search import Hypothesis, beam_search, max_len_fn
 
 V = 12  # the stand-in's vocabulary: PAD, UNK, BOS, EOS and 8 words
 TRANSFORMER_V = 24

@@ -13,12 +13,12 @@ import torch
 from test_translate import SOURCES, table_model, write_checkpoint
 
 from nanomt.cli import main
-from nanomt.decode import _Space
-from nanomt.decoding import Decoding
-from nanomt.ensemble import Ensemble
-from nanomt.glossary import GlossaryError, read_glossary, required_terms
-from nanomt.rules import NoRepeatNgram, RepetitionPenalty, Step
-from nanomt.translate import Translator
+from nanomt.core.decoding import Decoding
+from nanomt.decoding.ensemble import Ensemble
+from nanomt.decoding.glossary import GlossaryError, read_glossary, required_terms
+from nanomt.decoding.rules import NoRepeatNgram, RepetitionPenalty, Step
+from nanomt.decoding.search import _Space
+from nanomt.decoding.translate import Translator
 
 ROOT = Path(__file__).resolve().parent.parent
 vocab = test_translate.vocab  # the fixture: (tokenizer, its directory, four target word ids)

@@ -18,9 +18,9 @@ import torch
 from test_translate import SOURCES, chain, chain_hypotheses, ranked, table_model, write_checkpoint
 
 from nanomt.cli import main
-from nanomt.config import DataConfig, DecodeConfig
-from nanomt.tokenizer import BOS_ID, EOS_ID, train_tokenizer
-from nanomt.translate import Translator
+from nanomt.core.config import DataConfig, DecodeConfig
+from nanomt.core.tokenizer import BOS_ID, EOS_ID, train_tokenizer
+from nanomt.decoding.translate import Translator
 
 DEFAULTS = DecodeConfig()
 

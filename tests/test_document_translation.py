@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from conftest import NANOMT, tiny_config
 
-from nanomt import document_translation as dt
-from nanomt import files, markup
-from nanomt.config import config_from_dict
-from nanomt.documents import cut_sentence
-from nanomt.train import train
-from nanomt.translate import Translator, src_limit
+from nanomt.core.config import config_from_dict
+from nanomt.decoding.pieces import cut_sentence
+from nanomt.decoding.translate import Translator, src_limit
+from nanomt.documents import files, markup
+from nanomt.documents import translation as dt
+from nanomt.training.train import train
 
 DATA = Path(__file__).resolve().parent / "data"
 

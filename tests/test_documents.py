@@ -10,13 +10,12 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
-from nanomt.documents import (
+from nanomt.decoding.pieces import join_pieces, replace_unknowns
+from nanomt.documents.segmentation import (
     Segmentation,
     alternatives,
     join_hypotheses,
-    join_pieces,
     pass_through_spans,
-    replace_unknowns,
     segment,
     translate_texts,
 )

@@ -9,12 +9,12 @@ import pytest
 import torch
 from conftest import random_src, random_transformer
 
-from nanomt.checkpoint import CheckpointError
-from nanomt.config import ModelConfig
-from nanomt.decode import beam_search, greedy
-from nanomt.ensemble import Ensemble
-from nanomt.model import Transformer
-from nanomt.translate import Translator
+from nanomt.core.checkpoint import CheckpointError
+from nanomt.core.config import ModelConfig
+from nanomt.core.model import Transformer
+from nanomt.decoding.ensemble import Ensemble
+from nanomt.decoding.search import beam_search, greedy
+from nanomt.decoding.translate import Translator
 
 PAD, UNK, BOS, EOS = range(4)
 V = 20

@@ -8,10 +8,10 @@ import pytest
 import torch
 from conftest import tiny_config
 
-from nanomt.config import config_from_dict
-from nanomt.decode import greedy as nanomt_greedy
-from nanomt.train import train
-from nanomt.translate import Translator
+from nanomt.core.config import config_from_dict
+from nanomt.decoding.search import greedy as nanomt_greedy
+from nanomt.decoding.translate import Translator
+from nanomt.training.train import train
 
 # Each checkpoint covers a different corner of what the exporters map.
 VARIANTS = {

@@ -16,9 +16,9 @@ import sentencepiece as spm
 import torch
 from conftest import tiny_config
 
-from nanomt.config import config_from_dict
+from nanomt.core.config import config_from_dict
 from nanomt.interop.argos import ArgosExportError, export_argos, language_pair
-from nanomt.train import train
+from nanomt.training.train import train
 
 argostranslate = pytest.importorskip("argostranslate")
 pytest.importorskip("ctranslate2")

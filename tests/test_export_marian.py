@@ -15,14 +15,14 @@ from safetensors.torch import load_file
 
 transformers = pytest.importorskip("transformers")
 
-from nanomt.checkpoint import load_checkpoint, model_state, write_checkpoint_dir  # noqa: E402
 from nanomt.cli import main  # noqa: E402
-from nanomt.config import Config, ModelConfig, config_from_dict  # noqa: E402
-from nanomt.decode import greedy  # noqa: E402
+from nanomt.core.checkpoint import load_checkpoint, model_state, write_checkpoint_dir  # noqa: E402
+from nanomt.core.config import Config, ModelConfig, config_from_dict  # noqa: E402
+from nanomt.core.model import Transformer  # noqa: E402
+from nanomt.decoding.search import greedy  # noqa: E402
 from nanomt.interop import MarianExportError, export_marian, import_marian  # noqa: E402
-from nanomt.model import Transformer  # noqa: E402
-from nanomt.synthetic import write_corpus  # noqa: E402
-from nanomt.train import train  # noqa: E402
+from nanomt.training.synthetic import write_corpus  # noqa: E402
+from nanomt.training.train import train  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -9,12 +9,12 @@ import torch
 from conftest import random_transformer, tiny_config
 from test_export import VARIANTS, padded
 
-from nanomt import markup
-from nanomt.config import Config, DataConfig, DecodeConfig, config_from_dict
-from nanomt.markup import Alignment
-from nanomt.tokenizer import train_tokenizer
-from nanomt.train import train
-from nanomt.translate import Translator
+from nanomt.core.config import Config, DataConfig, DecodeConfig, config_from_dict
+from nanomt.core.tokenizer import train_tokenizer
+from nanomt.decoding.translate import Translator
+from nanomt.documents import markup
+from nanomt.documents.markup import Alignment
+from nanomt.training.train import train
 
 # test_export's checkpoints, and learned positions (a table the decoder step indexes by the cache's length).
 ONNX_VARIANTS = {

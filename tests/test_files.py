@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nanomt import files, markup
-from nanomt.files import FileTooLarge, UnsupportedFile
+from nanomt.documents import files, markup
+from nanomt.documents.files import FileTooLarge, UnsupportedFile
 
 DATA = Path(__file__).parent / "data"
 # Small hand-written samples (text of our own): one a format.

@@ -12,8 +12,8 @@ import sentencepiece as spm
 import torch
 from conftest import tiny_config
 
-from nanomt import train as train_module
-from nanomt.checkpoint import (
+from nanomt.cli import main
+from nanomt.core.checkpoint import (
     WEIGHTS,
     average_checkpoints,
     load_checkpoint,
@@ -22,11 +22,11 @@ from nanomt.checkpoint import (
     step_dirs,
     write_checkpoint_dir,
 )
-from nanomt.cli import main
-from nanomt.config import ConfigError, config_from_dict, load_config
-from nanomt.tokenizer import Tokenizer
-from nanomt.train import TrainingError, train
-from nanomt.translate import Translator
+from nanomt.core.config import ConfigError, config_from_dict, load_config
+from nanomt.core.tokenizer import Tokenizer
+from nanomt.decoding.translate import Translator
+from nanomt.training import train as train_module
+from nanomt.training.train import TrainingError, train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -12,15 +12,15 @@ import torch.nn.functional as F
 from conftest import tiny_config
 from test_marian import id_table, sentencepiece_model
 
-from nanomt import train as train_module
-from nanomt.checkpoint import WEIGHTS, load_checkpoint, read_weights
-from nanomt.config import config_from_dict
+from nanomt.core.checkpoint import WEIGHTS, load_checkpoint, read_weights
+from nanomt.core.config import config_from_dict
+from nanomt.core.model import Transformer
+from nanomt.decoding.translate import Translator
 from nanomt.interop import import_marian
 from nanomt.interop.marian import load_marian_weights
-from nanomt.model import Transformer
-from nanomt.synthetic import write_corpus
-from nanomt.train import train
-from nanomt.translate import Translator
+from nanomt.training import train as train_module
+from nanomt.training.synthetic import write_corpus
+from nanomt.training.train import train
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("one_thread")

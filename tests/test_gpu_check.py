@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nanomt.synthetic import write_corpus
+from nanomt.training.synthetic import write_corpus
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"

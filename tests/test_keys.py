@@ -1,4 +1,4 @@
-"""API keys and limits (nanomt.keys): the keys file, lookups in constant time, the per-minute limiter on a fake clock
+"""API keys and limits (nanomt.serve.keys): keys file, lookups in constant time, the per-minute limiter on a fake clock
 against a brute-force reference."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from nanomt import keys
-from nanomt.keys import KeyRing, KeysFileError, Limits, RateLimiter, hash_key, key_line, new_key
+from nanomt.serve import keys
+from nanomt.serve.keys import KeyRing, KeysFileError, Limits, RateLimiter, hash_key, key_line, new_key
 
 
 class FakeClock:

@@ -1,4 +1,4 @@
-"""Language detection (nanomt.langdetect) against lingua's own answers: restricted to the candidates, in
+"""Language detection (nanomt.serve.langdetect) against lingua's own answers: restricted to the candidates, in
 LibreTranslate's shape, loaded once."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 
 lingua = pytest.importorskip("lingua")
 
-from nanomt import langdetect  # noqa: E402
-from nanomt.langdetect import LanguageDetectionError, detect, detectable  # noqa: E402
+from nanomt.serve import langdetect  # noqa: E402
+from nanomt.serve.langdetect import LanguageDetectionError, detect, detectable  # noqa: E402
 
 SERVED = ["de", "en", "fr", "cs"]
 # Written for these tests: one everyday sentence per language, and a few words.

@@ -32,7 +32,7 @@ def imported_modules(tree: ast.Module) -> list[tuple[int, str]]:
 
 
 def is_module(name: str) -> bool:
-    """Whether `name` is an importable module (`nanomt.config.load_config` is not: nanomt.config is no package)."""
+    """Whether `name` is an importable module (`nanomt.core.config.load_config` is not)."""
     try:
         return importlib.util.find_spec(name) is not None
     except ModuleNotFoundError:

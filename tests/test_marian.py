@@ -14,11 +14,11 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from nanomt.checkpoint import load_checkpoint  # noqa: E402
 from nanomt.cli import main  # noqa: E402
+from nanomt.core.checkpoint import load_checkpoint  # noqa: E402
+from nanomt.decoding.translate import Translator  # noqa: E402
 from nanomt.interop import MarianImportError, import_marian  # noqa: E402
-from nanomt.synthetic import write_corpus  # noqa: E402
-from nanomt.translate import Translator  # noqa: E402
+from nanomt.training.synthetic import write_corpus  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

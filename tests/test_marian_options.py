@@ -14,11 +14,11 @@ import sentencepiece as spm
 import torch
 from test_decode import EOS, STOP_TABLE, A, B, C, TableModel, table_src
 
-from nanomt.config import BOS_ID, ModelConfig
-from nanomt.decode import beam_search, greedy
-from nanomt.model import Transformer, sinusoidal_table
-from nanomt.synthetic import generate_pairs
-from nanomt.tokenizer import TGT_VOCAB_FILE, VOCAB_FILE, Tokenizer
+from nanomt.core.config import BOS_ID, ModelConfig
+from nanomt.core.model import Transformer, sinusoidal_table
+from nanomt.core.tokenizer import TGT_VOCAB_FILE, VOCAB_FILE, Tokenizer
+from nanomt.decoding.search import beam_search, greedy
+from nanomt.training.synthetic import generate_pairs
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -7,8 +7,9 @@ import re
 import numpy as np
 import pytest
 
-from nanomt import markup
-from nanomt.markup import Alignment, Tag, Text
+from nanomt.decoding.alignment import cross_attention
+from nanomt.documents import markup
+from nanomt.documents.markup import Alignment, Tag, Text
 
 # A source vocabulary and its word-by-word "translation"; the fake translator permutes the words.
 LEX = {
@@ -477,8 +478,8 @@ def test_alignment_and_translate_results_are_validated():
 
 def test_cross_attention_averages_the_heads_of_the_penultimate_layer():
     layers = [np.full((2, 3, 4), 9.0), np.stack([np.eye(3, 4), np.zeros((3, 4))]), np.full((2, 3, 4), 7.0)]
-    assert np.array_equal(markup.cross_attention(layers), np.eye(3, 4) / 2)
-    assert np.array_equal(markup.cross_attention(layers[:1]), np.full((3, 4), 9.0))
+    assert np.array_equal(cross_attention(layers), np.eye(3, 4) / 2)
+    assert np.array_equal(cross_attention(layers[:1]), np.full((3, 4), 9.0))
 
 
 def test_a_translators_attention_makes_an_alignment_markup_can_use(toy_corpus, tmp_path, one_thread):
@@ -486,9 +487,9 @@ def test_a_translators_attention_makes_an_alignment_markup_can_use(toy_corpus, t
     tagged paragraph comes back with the words the translator gives the plain sentences."""
     from conftest import random_transformer
 
-    from nanomt.config import Config, DataConfig, DecodeConfig
-    from nanomt.tokenizer import train_tokenizer
-    from nanomt.translate import Translator
+    from nanomt.core.config import Config, DataConfig, DecodeConfig
+    from nanomt.core.tokenizer import train_tokenizer
+    from nanomt.decoding.translate import Translator
 
     lines = {n: toy_corpus[n].read_text(encoding="utf-8").splitlines() for n in ("train.src", "train.tgt")}
     data = DataConfig(vocab_size=120, shared_vocab=False)
@@ -500,7 +501,7 @@ def test_a_translators_attention_makes_an_alignment_markup_can_use(toy_corpus, t
         out = []
         for s in sentences:
             a = translator.attention(s)
-            weights = markup.cross_attention(a.cross)
+            weights = cross_attention(a.cross)
             out.append(Alignment(a.translation, tuple(a.src_tokens), tuple(a.tgt_tokens), weights))
         return out
 

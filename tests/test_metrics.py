@@ -1,11 +1,11 @@
-"""nanomt.metrics against sacreBLEU's own functions."""
+"""nanomt.training.metrics against sacreBLEU's own functions."""
 
 import dataclasses
 
 import pytest
 import sacrebleu
 
-from nanomt.metrics import Scores, bleu, score
+from nanomt.training.metrics import Scores, bleu, score
 
 HYPS = [
     "The cat sat on the mat.",

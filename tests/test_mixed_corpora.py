@@ -7,13 +7,13 @@ import pytest
 import torch
 from conftest import tiny_config
 
-from nanomt import runtime
-from nanomt import train as train_module
-from nanomt.checkpoint import WEIGHTS, read_weights, step_dirs
-from nanomt.config import ConfigError, config_from_dict
-from nanomt.data import mixture
-from nanomt.synthetic import write_corpus
-from nanomt.train import epoch_batches, lr_at, prepare_data, train
+from nanomt.core import runtime
+from nanomt.core.checkpoint import WEIGHTS, read_weights, step_dirs
+from nanomt.core.config import ConfigError, config_from_dict
+from nanomt.training import train as train_module
+from nanomt.training.data import mixture
+from nanomt.training.synthetic import write_corpus
+from nanomt.training.train import epoch_batches, lr_at, prepare_data, train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ONE = runtime.Runtime(0, 1, torch.device("cpu"), "fp32")

@@ -1,4 +1,4 @@
-"""nanomt.model against references: PyTorch's own modules with copied weights, and the paper's formulas."""
+"""nanomt.core.model against references: PyTorch's own modules with copied weights, and the paper's formulas."""
 
 from __future__ import annotations
 
@@ -11,9 +11,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from conftest import KEPT, TIED_VOCAB, random_src, tied_pair
 
-from nanomt.config import EOS_ID, PAD_ID, ModelConfig
-from nanomt.decode import beam_search, greedy
-from nanomt.model import (
+from nanomt.core.config import EOS_ID, PAD_ID, ModelConfig
+from nanomt.core.model import (
     CrossAttention,
     DecoderLayer,
     Encoded,
@@ -29,7 +28,8 @@ from nanomt.model import (
     prune_output,
     sinusoidal_table,
 )
-from nanomt.train import label_smoothed_loss
+from nanomt.decoding.search import beam_search, greedy
+from nanomt.training.train import label_smoothed_loss
 
 PAD = 0
 ATOL = 1e-5

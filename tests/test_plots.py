@@ -11,12 +11,12 @@ import torch
 
 import nanomt.plots
 from nanomt import cli
-from nanomt.checkpoint import model_state, write_checkpoint_dir
-from nanomt.config import Config, DataConfig, DecodeConfig, ModelConfig
-from nanomt.model import Transformer
+from nanomt.core.checkpoint import model_state, write_checkpoint_dir
+from nanomt.core.config import Config, DataConfig, DecodeConfig, ModelConfig
+from nanomt.core.model import Transformer
+from nanomt.core.tokenizer import train_tokenizer
+from nanomt.decoding.translate import Translator
 from nanomt.plots import plot_attention, plot_curves, plot_positions, read_metrics
-from nanomt.tokenizer import train_tokenizer
-from nanomt.translate import Translator
 
 SRC = ["▁Ein", "▁Mann", "▁mit", "▁einem", "▁orange", "n", "▁Hut", "."]
 TGT = ["▁A", "▁man", "▁in", "▁an", "▁orange", "▁hat", "."]

@@ -11,12 +11,12 @@ import torch
 from conftest import random_src, random_transformer
 from torch import nn
 
-from nanomt.config import Config, DataConfig, DecodeConfig, ModelConfig
-from nanomt.decode import beam_search, greedy
-from nanomt.model import DecoderOutput, Transformer
-from nanomt.quantize import LEVELS, Int8Linear, is_quantized, quantize_int8, quantize_rows
-from nanomt.tokenizer import train_tokenizer
-from nanomt.translate import Translator
+from nanomt.core.config import Config, DataConfig, DecodeConfig, ModelConfig
+from nanomt.core.model import DecoderOutput, Transformer
+from nanomt.core.tokenizer import train_tokenizer
+from nanomt.decoding.quantize import LEVELS, Int8Linear, is_quantized, quantize_int8, quantize_rows
+from nanomt.decoding.search import beam_search, greedy
+from nanomt.decoding.translate import Translator
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -95,7 +95,7 @@ def test_both_kernels_give_the_same_bits():
 AVX2_CHECK = """
 import torch
 from torch import nn
-from nanomt.quantize import LEVELS, Int8Linear, quantize_rows
+from nanomt.decoding.quantize import LEVELS, Int8Linear, quantize_rows
 torch.manual_seed(0)
 layer = Int8Linear.from_float(nn.Linear(512, 256))
 layer = Int8Linear(layer.weight_int8, layer.weight_scale, layer.bias, 0)  # what a CPU without VNNI runs

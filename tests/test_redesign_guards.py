@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 from conftest import tiny_config
 
-from nanomt import runtime
 from nanomt.cli import main
-from nanomt.config import config_from_dict, load_config, save_config
-from nanomt.keys import key_line
-from nanomt.model import Transformer
-from nanomt.train import train
-from nanomt.translate import Translator
+from nanomt.core import runtime
+from nanomt.core.config import config_from_dict, load_config, save_config
+from nanomt.core.model import Transformer
+from nanomt.decoding.translate import Translator
+from nanomt.serve.keys import key_line
+from nanomt.training.train import train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

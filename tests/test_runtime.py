@@ -11,10 +11,10 @@ import pytest
 import torch
 from conftest import tiny_config
 
-from nanomt import runtime
-from nanomt.config import config_from_dict
-from nanomt.runtime import DeviceError, autocast, pick_device, resolve_precision
-from nanomt.train import train
+from nanomt.core import runtime
+from nanomt.core.config import config_from_dict
+from nanomt.core.runtime import DeviceError, autocast, pick_device, resolve_precision
+from nanomt.training.train import train
 
 
 def read_metrics(run_dir):
@@ -49,7 +49,7 @@ def test_bf16_on_a_cpu_without_bf16_kernels_trains_with_one_warning(toy_corpus, 
 
 FAULTS_CODE = """
 import resource, sys, torch
-from nanomt.runtime import keep_freed_memory
+from nanomt.core.runtime import keep_freed_memory
 if sys.argv[1] != "default":  # "keep", or "user" where the user set allocator variables
     assert keep_freed_memory() == (sys.argv[1] == "keep")
 def faults(n):

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from nanomt.sentences import DEFAULT_LANGUAGE, language_code, sentence_spans, split_sentences
+from nanomt.documents.sentences import DEFAULT_LANGUAGE, language_code, sentence_spans, split_sentences
 
 DATA = Path(__file__).resolve().parent / "data"
 

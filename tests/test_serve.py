@@ -17,10 +17,10 @@ import pytest
 import torch
 from conftest import NANOMT, tiny_config
 
-from nanomt.config import config_from_dict
-from nanomt.decoding import Sampling
-from nanomt.train import train
-from nanomt.translate import Translator
+from nanomt.core.config import config_from_dict
+from nanomt.core.decoding import Sampling
+from nanomt.decoding.translate import Translator
+from nanomt.training.train import train
 
 SERVE_EXTRA = (
     "nanomt serve needs FastAPI, uvicorn, prometheus_client; these tests httpx: pip install 'nanomt[serve]' httpx"
@@ -33,7 +33,7 @@ pytest.importorskip("prometheus_client", reason=SERVE_EXTRA)
 from fastapi.testclient import TestClient  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from nanomt.quantize import quantize_int8  # noqa: E402
+from nanomt.decoding.quantize import quantize_int8  # noqa: E402
 from nanomt.serve import create_app  # noqa: E402
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
@@ -423,7 +423,7 @@ def test_one_lock_decodes_each_request_alone(translator, many):
 
 def test_int8_requests_batched_together_decode_as_each_alone(translator, many):
     """int8 activations get one scale per row: a sentence's numbers do not depend on its batch mates."""
-    from nanomt.tokenizer import EOS_ID, PAD_ID
+    from nanomt.core.tokenizer import EOS_ID, PAD_ID
 
     # A mate of the same length: over padding, attention's float32 sums may differ in the last bit.
     lone = torch.tensor([[5, 9, 12, EOS_ID]])

@@ -5,10 +5,10 @@ import io
 import pytest
 from conftest import tiny_config
 
-from nanomt import document_translation as dt
-from nanomt.config import config_from_dict
-from nanomt.train import train
-from nanomt.translate import Translator
+from nanomt.core.config import config_from_dict
+from nanomt.decoding.translate import Translator
+from nanomt.documents import translation as dt
+from nanomt.training.train import train
 
 SERVE_EXTRA = "nanomt serve needs FastAPI, uvicorn, prometheus_client, python-multipart; these tests httpx"
 pytest.importorskip("fastapi", reason=SERVE_EXTRA)
@@ -17,7 +17,7 @@ pytest.importorskip("multipart", reason=SERVE_EXTRA)
 
 from fastapi.testclient import TestClient  # noqa: E402
 
-from nanomt import files  # noqa: E402
+from nanomt.documents import files  # noqa: E402
 from nanomt.serve import create_app  # noqa: E402
 
 LT = {"source": "src", "target": "tgt"}

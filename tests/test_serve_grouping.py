@@ -12,9 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from conftest import random_transformer
 
-from nanomt.config import Config, DataConfig
-from nanomt.tokenizer import train_tokenizer
-from nanomt.translate import Translator
+from nanomt.core.config import Config, DataConfig
+from nanomt.core.tokenizer import train_tokenizer
+from nanomt.decoding.translate import Translator
 
 SERVE_EXTRA = (
     "nanomt serve needs FastAPI, uvicorn, prometheus_client; these tests httpx: pip install 'nanomt[serve]' httpx"

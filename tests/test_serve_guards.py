@@ -7,10 +7,10 @@ import time
 import pytest
 from conftest import tiny_config
 
-from nanomt.batching import Batcher
-from nanomt.config import config_from_dict
-from nanomt.train import train
-from nanomt.translate import Translator
+from nanomt.core.config import config_from_dict
+from nanomt.decoding.translate import Translator
+from nanomt.serve.batching import Batcher
+from nanomt.training.train import train
 
 fastapi = pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402

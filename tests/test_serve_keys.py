@@ -5,10 +5,10 @@ import hmac
 import pytest
 from conftest import tiny_config
 
-from nanomt.config import config_from_dict
-from nanomt.keys import hash_key, key_line
-from nanomt.train import train
-from nanomt.translate import Translator
+from nanomt.core.config import config_from_dict
+from nanomt.decoding.translate import Translator
+from nanomt.serve.keys import hash_key, key_line
+from nanomt.training.train import train
 
 pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
@@ -61,7 +61,7 @@ def test_a_malformed_keys_file_is_a_one_line_error_at_start(translator, tmp_path
     bad = tmp_path / "keys"
     bad.write_text(key_line("k") + "\nplain-key-not-hashed\n")
     run = tmp_path / "run"
-    from nanomt.checkpoint import model_state, write_checkpoint_dir
+    from nanomt.core.checkpoint import model_state, write_checkpoint_dir
 
     tok_dir = tmp_path / "tok"
     translator.tokenizer.save(tok_dir)
@@ -74,7 +74,7 @@ def test_a_malformed_keys_file_is_a_one_line_error_at_start(translator, tmp_path
 
 def test_source_auto_is_detected_among_the_served_languages(translator, toy_corpus, tmp_path):
     pytest.importorskip("lingua")
-    from nanomt.checkpoint import model_state, write_checkpoint_dir
+    from nanomt.core.checkpoint import model_state, write_checkpoint_dir
 
     tok_dir = tmp_path / "tok"
     translator.tokenizer.save(tok_dir)

@@ -4,10 +4,10 @@ bound, batches that never mix models, /languages and /health listing every pair,
 import pytest
 from conftest import tiny_config
 
-from nanomt.checkpoint import CheckpointError
-from nanomt.config import config_from_dict
-from nanomt.train import train
-from nanomt.translate import Translator
+from nanomt.core.checkpoint import CheckpointError
+from nanomt.core.config import config_from_dict
+from nanomt.decoding.translate import Translator
+from nanomt.training.train import train
 
 pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from conftest import tiny_config
 
-import nanomt.translate
+import nanomt.decoding.translate
 from benchmarks.speed import BatchSpy, differing, nanomt_plan, same_batches
-from nanomt.config import config_from_dict
-from nanomt.train import train
-from nanomt.translate import Translator
+from nanomt.core.config import config_from_dict
+from nanomt.decoding.translate import Translator
+from nanomt.training.train import train
 
 REPO = Path(__file__).resolve().parent.parent
 LINES = 16
@@ -40,12 +40,14 @@ def src_file(toy_corpus, tmp_path_factory) -> Path:
 
 
 def test_the_plan_is_the_batches_nanomt_cuts(run_dir, src_file, monkeypatch):
-    monkeypatch.setattr(nanomt.translate, "make_batches", nanomt.translate.make_batches)  # restored afterwards
+    monkeypatch.setattr(
+        nanomt.decoding.translate, "make_batches", nanomt.decoding.translate.make_batches
+    )  # restored afterwards
     translator = Translator.from_checkpoint(run_dir)
     lines = src_file.read_text().splitlines()
     plan, todo = nanomt_plan(translator, lines)
     assert len(plan) > 1 and sorted(i for b in plan for i in b) == [i for i in range(LINES) if i != 5]
-    spy = BatchSpy(nanomt.translate)
+    spy = BatchSpy(nanomt.decoding.translate)
     translator.translate(lines, beam_size=2)
     assert spy.take(todo) == plan
     assert spy.take(todo) is None  # nothing since

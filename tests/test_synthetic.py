@@ -5,8 +5,8 @@ from collections import defaultdict
 
 import pytest
 
-from nanomt import synthetic
-from nanomt.synthetic import (
+from nanomt.training import synthetic
+from nanomt.training.synthetic import (
     ADJECTIVES,
     NOUNS,
     VERBS,

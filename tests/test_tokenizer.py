@@ -5,8 +5,8 @@ import random
 
 import pytest
 
-from nanomt.config import DataConfig
-from nanomt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, train_tokenizer
+from nanomt.core.config import DataConfig
+from nanomt.core.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, train_tokenizer
 
 
 def words(syllables: str, n: int, seed: int) -> list[str]:

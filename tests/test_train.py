@@ -14,12 +14,13 @@ import torch.nn.functional as F
 import yaml
 from conftest import NANOMT, tiny_config
 
-from nanomt.checkpoint import WEIGHTS, average_checkpoints, load_checkpoint, read_weights, step_dirs
-from nanomt.config import BOS_ID, EOS_ID, PAD_ID, TrainConfig, config_from_dict, load_config
-from nanomt.data import binarize, both_directions, make_batches, output_ids
+from nanomt.core.batches import make_batches
+from nanomt.core.checkpoint import WEIGHTS, average_checkpoints, load_checkpoint, read_weights, step_dirs
+from nanomt.core.config import BOS_ID, EOS_ID, PAD_ID, TrainConfig, config_from_dict, load_config
+from nanomt.core.tokenizer import Tokenizer
 from nanomt.plots import read_metrics as read_metrics_file
-from nanomt.tokenizer import Tokenizer
-from nanomt.train import label_smoothed_loss, lr_at, train
+from nanomt.training.data import binarize, both_directions, output_ids
+from nanomt.training.train import label_smoothed_loss, lr_at, train
 
 
 def test_inverse_sqrt_schedule():
@@ -153,8 +154,8 @@ def run_cli(*args, **kw):
 STALLING_CLI = """
 import runpy, sys, time
 from pathlib import Path
-import nanomt.train
-flag, stall_at, lr_at = Path(sys.argv[1]), int(sys.argv[2]), nanomt.train.lr_at
+import nanomt.training.train
+flag, stall_at, lr_at = Path(sys.argv[1]), int(sys.argv[2]), nanomt.training.train.lr_at
 
 def stalling_lr_at(step, *args, **kwargs):
     if step == stall_at:
@@ -162,7 +163,7 @@ def stalling_lr_at(step, *args, **kwargs):
         time.sleep(600)
     return lr_at(step, *args, **kwargs)
 
-nanomt.train.lr_at = stalling_lr_at
+nanomt.training.train.lr_at = stalling_lr_at
 sys.argv = ["nanomt", *sys.argv[3:]]
 runpy.run_module("nanomt.cli", run_name="__main__")
 """

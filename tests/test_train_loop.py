@@ -14,16 +14,17 @@ import torch.nn.functional as F
 from conftest import tiny_config
 from sacrebleu.metrics import BLEU
 
-from nanomt import train as train_module
-from nanomt.checkpoint import WEIGHTS, load_checkpoint, read_weights, step_dirs
-from nanomt.config import config_from_dict
-from nanomt.data import binarize, make_batches
-from nanomt.model import Transformer
-from nanomt.runtime import Runtime
-from nanomt.synthetic import write_corpus
-from nanomt.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from nanomt.train import lr_at, train
-from nanomt.translate import Translator
+from nanomt.core.batches import make_batches
+from nanomt.core.checkpoint import WEIGHTS, load_checkpoint, read_weights, step_dirs
+from nanomt.core.config import config_from_dict
+from nanomt.core.model import Transformer
+from nanomt.core.runtime import Runtime
+from nanomt.core.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from nanomt.decoding.translate import Translator
+from nanomt.training import train as train_module
+from nanomt.training.data import binarize
+from nanomt.training.synthetic import write_corpus
+from nanomt.training.train import lr_at, train
 
 # Greedy validation BLEU after 150 steps on the toy pair: ~18-26 (seeds 1-3) for a model that reads its source,
 # under 2 for one trained on shuffled sources (a target-side language model). The floor lies between the two.

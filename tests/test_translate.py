@@ -13,13 +13,13 @@ import pytest
 import torch
 from conftest import NANOMT, TIED_VOCAB, random_src, tied_pair, tiny_config
 
-from nanomt.checkpoint import load_checkpoint, model_state, write_checkpoint_dir
-from nanomt.config import Config, DataConfig, DecodeConfig, ModelConfig, config_from_dict
-from nanomt.decode import beam_search, greedy, max_len_fn
-from nanomt.ensemble import Ensemble
-from nanomt.model import Transformer
-from nanomt.tokenizer import BOS_ID, EOS_ID, PAD_ID, train_tokenizer
-from nanomt.translate import Translator
+from nanomt.core.checkpoint import load_checkpoint, model_state, write_checkpoint_dir
+from nanomt.core.config import Config, DataConfig, DecodeConfig, ModelConfig, config_from_dict
+from nanomt.core.model import Transformer
+from nanomt.core.tokenizer import BOS_ID, EOS_ID, PAD_ID, train_tokenizer
+from nanomt.decoding.ensemble import Ensemble
+from nanomt.decoding.search import beam_search, greedy, max_len_fn
+from nanomt.decoding.translate import Translator
 
 D_MODEL = 16
 # Log-probability of every token a table row does not list: never chosen while a listed token can be.

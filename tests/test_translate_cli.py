@@ -15,12 +15,20 @@ from conftest import NANOMT, tiny_config
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from nanomt.checkpoint import CONFIG, TOKENIZER, WEIGHTS, CheckpointError, average_checkpoints, read_weights, step_dirs
 from nanomt.cli import main
-from nanomt.config import config_from_dict
-from nanomt.tokenizer import Tokenizer, train_tokenizer
-from nanomt.train import train
-from nanomt.translate import Translator
+from nanomt.core.checkpoint import (
+    CONFIG,
+    TOKENIZER,
+    WEIGHTS,
+    CheckpointError,
+    average_checkpoints,
+    read_weights,
+    step_dirs,
+)
+from nanomt.core.config import config_from_dict
+from nanomt.core.tokenizer import Tokenizer, train_tokenizer
+from nanomt.decoding.translate import Translator
+from nanomt.training.train import train
 
 SENTENCES = ["la nuka korat.", "la belur nuka korat.", "nuka."]
 
@@ -214,7 +222,7 @@ def test_sampling_options_need_sampling(capsys):
 @pytest.mark.parametrize("command", ["translate", "evaluate"])
 def test_decoding_commands_keep_freed_memory_once_the_model_is_loaded(run_dir, tmp_path, monkeypatch, command):
     """Beam search's large blocks stay in the heap (benchmarks/results/decode_malloc.json): set after loading."""
-    from nanomt import runtime
+    from nanomt.core import runtime
 
     events = []
     monkeypatch.setattr(runtime, "keep_freed_memory", lambda: events.append("malloc") or True)

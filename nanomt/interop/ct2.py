@@ -46,7 +46,7 @@ INSTALL_HINT = "pip install 'nanomt[export]'"
 # Small enough that x / n**TINY_PENALTY == x in float32 for any length n < 10**6, and not 0: CTranslate2
 # stops early on a zero penalty (once its best beam ends), on a nonzero one after beam_size hypotheses.
 TINY_PENALTY = 1e-9
-# nanomt.config.DecodeConfig's batch size, for a config.yaml that leaves it out (Decoding has the other defaults).
+# nanomt.core.config.DecodeConfig's batch size, for a config.yaml that leaves it out (Decoding has the other defaults).
 MAX_TOKENS = 4096
 MODEL_DEFAULTS = {
     "norm_first": True,
@@ -65,10 +65,12 @@ MODEL_DEFAULTS = {
 
 
 def _standalone(name: str):
-    """nanomt/<name>.py loaded by its path, without nanomt/__init__.py (which imports torch)."""
+    """nanomt/core/<name>.py loaded by its path, without nanomt/__init__.py (which imports torch)."""
     key = f"nanomt_{name}_standalone"
     if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(key, Path(__file__).resolve().parent.parent / f"{name}.py")
+        spec = importlib.util.spec_from_file_location(
+            key, Path(__file__).resolve().parent.parent / "core" / f"{name}.py"
+        )
         sys.modules[key] = module = importlib.util.module_from_spec(spec)  # dataclasses look their module up
         spec.loader.exec_module(module)
     return sys.modules[key]
@@ -130,7 +132,7 @@ def vocabularies(tokenizer_dir: Path) -> tuple[list[str], list[str]]:
 
 
 def sinusoidal_table(n_positions: int, d_model: int, layout: str = "interleaved") -> np.ndarray:
-    """nanomt.model.sinusoidal_table in numpy: sin/cos pairs (3.5), or every sine before every cosine."""
+    """nanomt.core.model.sinusoidal_table in numpy: sin/cos pairs (3.5), or every sine before every cosine."""
     position = np.arange(n_positions, dtype=np.float64)[:, None]
     inv_freq = np.exp(np.arange(0, d_model, 2, dtype=np.float64) * (-np.log(10000.0) / d_model))
     sin, cos = np.sin(position * inv_freq), np.cos(position * inv_freq)
@@ -166,7 +168,7 @@ def check_exportable(model: dict) -> None:
 
 
 def build_spec(model: dict, w: dict, src_vocab: list[str], tgt_vocab: list[str]):
-    """A CTranslate2 TransformerSpec holding nanomt's weights (names as in nanomt.model)."""
+    """A CTranslate2 TransformerSpec holding nanomt's weights (names as in nanomt.core.model)."""
     from ctranslate2.specs import common_spec, transformer_spec
 
     activations = {
@@ -278,7 +280,7 @@ def export_ct2(run: str | Path, out: str | Path, quantization: str | None = None
 
 
 def length_penalty(length: int, alpha: float, kind: str) -> float:
-    """nanomt.decode's: what a hypothesis' log-prob is divided by; `length` counts EOS."""
+    """nanomt.decoding.search's: what a hypothesis' log-prob is divided by; `length` counts EOS."""
     if kind == "gnmt":
         return ((5 + length) / 6) ** alpha
     if kind == "average":
@@ -306,7 +308,7 @@ class Ct2Translator:
 
     @property
     def decoding(self):
-        """The export's decoding settings (nanomt.decoding.Decoding), from its config's decode section."""
+        """The export's decoding settings (nanomt.core.decoding.Decoding), from its config's decode section."""
         return Decoding.from_config(self.decode)
 
     def max_len(self, src_len: int) -> int:

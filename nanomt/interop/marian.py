@@ -11,10 +11,10 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from nanomt.checkpoint import TOKENIZER, model_state, write_checkpoint_dir
-from nanomt.config import Config, DataConfig, DecodeConfig, ModelConfig
-from nanomt.model import Transformer, sinusoidal_table
-from nanomt.tokenizer import TABLE_SPECIALS, Tokenizer
+from nanomt.core.checkpoint import TOKENIZER, model_state, write_checkpoint_dir
+from nanomt.core.config import Config, DataConfig, DecodeConfig, ModelConfig
+from nanomt.core.model import Transformer, sinusoidal_table
+from nanomt.core.tokenizer import TABLE_SPECIALS, Tokenizer
 
 # MarianConfig's and GenerationConfig's defaults, for keys a config.json leaves out (older versions of
 # transformers write only the values that differ from them).

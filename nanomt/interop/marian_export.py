@@ -36,10 +36,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from nanomt.checkpoint import find_run_files, load_checkpoint
-from nanomt.config import DecodeConfig, ModelConfig, load_config
+from nanomt.core.checkpoint import find_run_files, load_checkpoint
+from nanomt.core.config import DecodeConfig, ModelConfig, load_config
+from nanomt.core.tokenizer import SHARED_FILE, SRC_FILE, TABLE_SPECIALS, TGT_FILE, Tokenizer
 from nanomt.interop.marian import layer_names
-from nanomt.tokenizer import SHARED_FILE, SRC_FILE, TABLE_SPECIALS, TGT_FILE, Tokenizer
 
 MARIAN_LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default, which MarianEncoderLayer and MarianDecoderLayer keep
 WEIGHTS = "model.safetensors"

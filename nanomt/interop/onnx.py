@@ -7,7 +7,7 @@
 B, S and T are dynamic; the first step passes T = 0 (empty caches). Everything else nanomt's options give the model
 (pre- or post-norm, shared/tied embeddings, either sinusoid layout or learned positions, the output bias,
 restrict_output's -inf logits) is in the graphs, so nothing is refused. `greedy` is the decoding loop over the two
-graphs with ONNX Runtime, nanomt.decode.greedy's rules in numpy. The run's tokenizer/ and config.yaml (as nanomt.yaml)
+graphs with ONNX Runtime, nanomt's greedy rules in numpy. The run's tokenizer/ and config.yaml (as nanomt.yaml)
 are copied next to the graphs.
 """
 
@@ -22,8 +22,8 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-from nanomt.checkpoint import find_run_files, load_checkpoint
-from nanomt.model import Transformer, attention, merge_heads, split_heads
+from nanomt.core.checkpoint import find_run_files, load_checkpoint
+from nanomt.core.model import Transformer, attention, merge_heads, split_heads
 
 ENCODER, DECODER_STEP, EXPORTED_CONFIG = "encoder.onnx", "decoder_step.onnx", "nanomt.yaml"
 OPSET = 17
@@ -88,7 +88,7 @@ class DecoderStepGraph(nn.Module):
         return attn.out(merge_heads(y)), k, v
 
     def layer(self, layer: nn.Module, x: Tensor, memory: Tensor, mask: Tensor, past_k: Tensor, past_v: Tensor):
-        """nanomt.model.DecoderLayer.forward for one new position (eval mode: no dropout)."""
+        """nanomt.core.model.DecoderLayer.forward for one new position (eval mode: no dropout)."""
         cross_kv = layer.cross_attn.memory_kv(memory)
         if layer.norm_first:
             h, k, v = self.self_attention(layer.self_attn, layer.norm1(x), past_k, past_v)
@@ -178,7 +178,7 @@ def sessions(onnx_dir: str | Path, threads: int = 1):
 
 
 def greedy(encoder, decoder_step, src: np.ndarray, model_cfg, max_lens: list[int], min_len: int = 0) -> list[list[int]]:
-    """nanomt.decode.greedy over the exported graphs: src (B, S) int64 right-padded, each row ending with EOS."""
+    """nanomt's greedy search over the exported graphs: src (B, S) int64 right-padded, each row ending with EOS."""
     # The same rules: PAD and BOS never generated, EOS blocked for the first min_len steps, at most max_lens[i]
     # tokens (EOS included); finished rows keep decoding here (cheaper to read than dropping them) and are cut after.
     pad, bos, eos = model_cfg.pad_id, model_cfg.bos_id, model_cfg.eos_id

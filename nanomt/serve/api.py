@@ -8,13 +8,13 @@ import time
 import numpy as np
 from fastapi import FastAPI, HTTPException, Request
 
-from nanomt.glossary import has_terms
+from nanomt.decoding.glossary import has_terms
+from nanomt.decoding.translate import prepare, src_limit
 from nanomt.serve import libretranslate
 from nanomt.serve.documents import Route, job_key
 from nanomt.serve.errors import ERRORS, FORM, check_size, read_body, validate
 from nanomt.serve.models import Model, NoRoute
 from nanomt.serve.schemas import AttentionRequest, AttentionResponse, TranslateRequest, TranslateResponse
-from nanomt.translate import prepare, src_limit
 
 
 def route(server, source: str | None, target: str | None) -> list[Model]:

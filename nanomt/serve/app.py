@@ -1,7 +1,7 @@
 """The app factory: one Server (settings, models, the decoding queue, metrics, keys) and the routes that share it.
 
 Requests wait in one bounded queue for one worker that owns the models and decodes them in batches of one model and
-one decoding setting (nanomt/batching.py); /health, /ready and /metrics answer on the event loop, never waiting.
+one decoding setting (nanomt/serve/batching.py); /health, /ready and /metrics answer on the event loop, never waiting.
 """
 
 from __future__ import annotations
@@ -17,18 +17,18 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from nanomt.batching import Batcher, Closed, JobTimeout, QueueFull
-from nanomt.decoding import Decoding
-from nanomt.keys import KeyRing, Limits, RateLimiter
+from nanomt.core.decoding import Decoding
+from nanomt.decoding.translate import Translator
 from nanomt.serve import api, libretranslate
+from nanomt.serve.batching import Batcher, Closed, JobTimeout, QueueFull
 from nanomt.serve.errors import add_error_handlers, error
+from nanomt.serve.keys import KeyRing, Limits, RateLimiter
 from nanomt.serve.metrics import ServerMetrics, add_observer
 from nanomt.serve.models import Model, ModelSet
 from nanomt.serve.settings import MAX_BEAM, ServeConfig
-from nanomt.translate import Translator
 
 log = logging.getLogger("nanomt.serve")
-PAGE = Path(__file__).resolve().parent.parent / "static" / "index.html"
+PAGE = Path(__file__).resolve().parent / "static" / "index.html"
 
 
 class Server:

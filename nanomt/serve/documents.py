@@ -1,5 +1,5 @@
 """Documents on the server: paragraphs, HTML and files translated in a worker thread whose model calls are queued,
-through the event loop, with every other request's (nanomt.document_translation does the segmenting and joining)."""
+through the event loop, with every other request's (nanomt.documents.translation does the segmenting and joining)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from collections.abc import Callable
 
 from fastapi import Request
 
-from nanomt import document_translation as dt
-from nanomt import markup
-from nanomt.decoding import Decoding
-from nanomt.documents import TextTranslation
+from nanomt.core.decoding import Decoding
+from nanomt.documents import markup
+from nanomt.documents import translation as dt
+from nanomt.documents.segmentation import TextTranslation
 from nanomt.serve.models import Model
 
 

@@ -13,7 +13,7 @@ from urllib.parse import quote
 from fastapi import FastAPI, File, Form, HTTPException, Request, UploadFile
 from fastapi.responses import Response
 
-from nanomt import files
+from nanomt.documents import files
 from nanomt.serve.errors import ERRORS
 
 KEEP_FILES = 32  # translated files kept for download, the oldest dropped first

@@ -8,7 +8,7 @@ from typing import Literal
 from fastapi import FastAPI, HTTPException, Request
 from pydantic import BaseModel, Field, StrictInt, StrictStr
 
-from nanomt import files
+from nanomt.documents import files
 from nanomt.serve import file_routes
 from nanomt.serve.documents import Route
 from nanomt.serve.errors import ERRORS, check_size, read_body, validate
@@ -68,7 +68,7 @@ def detections(text: str, sources: list[str]) -> list[dict]:
     """LibreTranslate's /detect answer for one text: each candidate language with its confidence, best first."""
     if len(sources) == 1:  # one candidate: nothing to tell apart (and no detector needed)
         return [{"confidence": 100.0, "language": sources[0]}]
-    from nanomt import langdetect  # the detector is loaded on first use
+    from nanomt.serve import langdetect  # the detector is loaded on first use
 
     try:
         found = langdetect.detect(text, sources)

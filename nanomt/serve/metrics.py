@@ -11,7 +11,7 @@ from collections import deque
 from fastapi import FastAPI, Request
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from nanomt.batching import Batch
+from nanomt.serve.batching import Batch
 from nanomt.serve.errors import error
 
 access_log = logging.getLogger("nanomt.access")

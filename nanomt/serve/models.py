@@ -9,10 +9,10 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from nanomt.checkpoint import CheckpointError, find_run_files
-from nanomt.config import Config, ConfigError, language_codes, load_config
-from nanomt.tokenizer import Tokenizer
-from nanomt.translate import Translator
+from nanomt.core.checkpoint import CheckpointError, find_run_files
+from nanomt.core.config import Config, ConfigError, language_codes, load_config
+from nanomt.core.tokenizer import Tokenizer
+from nanomt.decoding.translate import Translator
 
 log = logging.getLogger("nanomt.serve")
 

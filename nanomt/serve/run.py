@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from nanomt import runtime
+from nanomt.core import runtime
 from nanomt.serve.app import create_app
 from nanomt.serve.metrics import json_logs
 from nanomt.serve.models import ModelSet

@@ -18,8 +18,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from nanomt.decoding import Decoding
-from nanomt.glossary import checked
+from nanomt.core.decoding import Decoding
+from nanomt.decoding.glossary import checked
 from nanomt.serve.settings import MAX_BEAM
 
 BeamSize = StrictInt  # strict: `true` or "5" are type errors, not beam sizes

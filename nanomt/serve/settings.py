@@ -43,7 +43,7 @@ class ServeConfig:
     queue_size: int = 256
     timeout: float | None = 60.0
     api_key: str | None = None
-    keys_file: str | None = None  # several keys with limits of their own (nanomt/keys.py's format)
+    keys_file: str | None = None  # several keys with limits of their own (nanomt/serve/keys.py's format)
     req_limit: int | None = None  # a key's requests a minute where its line gives none (None: no limit)
     char_limit: int | None = None  # a key's characters a request where its line gives none (None: no limit)
     languages: tuple[str, str] | None = None  # the pair of a model given as a Translator (create_app)

@@ -11,18 +11,18 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from nanomt.checkpoint import CheckpointError, load_checkpoint
-from nanomt.config import Config
-from nanomt.data import make_batches
-from nanomt.decode import Hypothesis, search
-from nanomt.decoding import Decoding, batch_decoding
-from nanomt.documents import cut_sentence, join_pieces, replace_unknowns
-from nanomt.ensemble import Ensemble
-from nanomt.glossary import required_terms
-from nanomt.markup import Alignment, cross_attention
-from nanomt.model import Transformer, prune_output
-from nanomt.quantize import quantize_int8
-from nanomt.tokenizer import Tokenizer
+from nanomt.core.batches import make_batches
+from nanomt.core.checkpoint import CheckpointError, load_checkpoint
+from nanomt.core.config import Config
+from nanomt.core.decoding import Decoding, batch_decoding
+from nanomt.core.model import Transformer, prune_output
+from nanomt.core.tokenizer import Tokenizer
+from nanomt.decoding.alignment import Alignment, cross_attention
+from nanomt.decoding.ensemble import Ensemble
+from nanomt.decoding.glossary import required_terms
+from nanomt.decoding.pieces import cut_sentence, join_pieces, replace_unknowns
+from nanomt.decoding.quantize import quantize_int8
+from nanomt.decoding.search import Hypothesis, search
 
 log = logging.getLogger("nanomt")
 ALIGN_BATCH = 32  # sentences a teacher-forced pass reads for their alignments

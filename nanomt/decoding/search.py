@@ -43,9 +43,9 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from nanomt.decoding import LENGTH_PENALTIES, Decoding
-from nanomt.model import DecoderCache, Encoded, Transformer
-from nanomt.rules import Banned, ForcedPrefix, MinLength, NoRepeatNgram, RepetitionPenalty, Rule, Step
+from nanomt.core.decoding import LENGTH_PENALTIES, Decoding
+from nanomt.core.model import DecoderCache, Encoded, Transformer
+from nanomt.decoding.rules import Banned, ForcedPrefix, MinLength, NoRepeatNgram, RepetitionPenalty, Rule, Step
 
 MaxLen = int | Callable[[int], int]
 
@@ -512,7 +512,7 @@ def search(
     phrases: list[list[list[int]]] | None = None,
 ) -> list[list[Hypothesis]]:
     """The search or sampling `decoding` asks for: n_best hypotheses a sentence, each starting with its prefix ids
-    and containing its target phrases (lexically constrained beam search: nanomt.constraints)."""
+    and containing its target phrases (lexically constrained beam search: nanomt.decoding.constrained)."""
     prefixes = prefixes or [[] for _ in range(src.size(0))]
     d = decoding
     max_len = functools.partial(_budget, d, model.cfg.max_positions)
@@ -549,7 +549,7 @@ def _with_phrases(
     model: Transformer, src: Tensor, d: Decoding, max_len: MaxLen, phrases: list, rules: list[Rule]
 ) -> list[list[Hypothesis]]:
     """Sentences with phrases through the constrained search, the others through the plain one, as if alone."""
-    from nanomt.constraints import constrained_beam_search  # it builds on this module
+    from nanomt.decoding.constrained import constrained_beam_search  # it builds on this module
 
     out: list[list[Hypothesis]] = [[] for _ in phrases]
     settings = (d.min_len, d.length_penalty, d.length_penalty_kind, d.n_best)

@@ -15,12 +15,13 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
+from nanomt.decoding.pieces import (
+    TokenCounter,
+    cut_span,
+    stripped,
+)
+from nanomt.documents.sentences import sentence_spans
 
-from nanomt.sentences import sentence_spans
-
-# count_tokens(texts) -> the number of source tokens of each text (without EOS), as the model's tokenizer counts.
-TokenCounter = Callable[[list[str]], list[int]]
 # translate(units) -> per unit its hypotheses (text, score), best first: Translator.translate_n_best's shape.
 NBestTranslate = Callable[[list[str]], list[list[tuple[str, float]]]]
 
@@ -51,13 +52,8 @@ PASS_THROUGH = re.compile(
 )
 # Where a long sentence is cut first: after a comma, semicolon, colon or dash before a space; after ideographic
 # clause marks anywhere (no space follows them).
-_CLAUSE_END = re.compile(r"[,;:\u2013\u2014](?=\s)|[\uff0c\uff1b\uff1a\u3001]")
-_WORD = re.compile(r"\S+")
 # A line: a run of characters without a line break (every break str.splitlines knows).
 _LINE = re.compile(r"[^\n\r\v\f\x1c-\x1e\x85\u2028\u2029]+")
-# A SentencePiece piece is at most 16 characters long (max_sentencepiece_length): bounds a window's search.
-_MAX_PIECE_CHARS = 16
-_SPECIAL_PIECES = frozenset({"<s>", "</s>", "<pad>"})
 
 
 @dataclass(frozen=True)
@@ -119,24 +115,11 @@ def _fit(
         if n <= budget:
             fitted.append((a, b, k))
             continue
-        pieces = [(x, y, k) for x, y, _ in _cut(text, a, b, budget, count)]
+        pieces = [(x, y, k) for x, y, _ in cut_span(text, a, b, budget, count)]
         fitted += [(x, y, k) for x, y, _ in pieces if any(c.isalpha() for c in text[x:y])]
         if k not in cut:
             cut.append(k)
     return fitted, cut
-
-
-def cut_sentence(text: str, max_tokens: int, count_tokens: TokenCounter) -> list[str]:
-    """`text` in pieces of at most `max_tokens` tokens (a piece of one character excepted), holding every character
-    but the whitespace between them: at clause punctuation where there is some, else between words, else by windows."""
-    if max_tokens < 1:
-        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-    a, b = _stripped(text, 0, len(text))
-    if a == b:
-        return []
-    if count_tokens([text[a:b]])[0] <= max_tokens:
-        return [text[a:b]]
-    return [text[x:y] for x, y, _ in _cut(text, a, b, max_tokens, count_tokens)]
 
 
 def pass_through_spans(text: str) -> list[tuple[int, int]]:
@@ -161,128 +144,8 @@ def _translatable(text: str, a: int, b: int, spans: list[tuple[int, int]]) -> li
     """The parts of text[a:b] between pass-through spans that hold a letter, without the whitespace around them."""
     inside = [(max(a, x), min(b, y)) for x, y in spans if x < b and y > a]
     bounds = [a] + [p for span in inside for p in span] + [b]
-    parts = [_stripped(text, x, y) for x, y in zip(bounds[::2], bounds[1::2])]
+    parts = [stripped(text, x, y) for x, y in zip(bounds[::2], bounds[1::2])]
     return [(x, y) for x, y in parts if any(c.isalpha() for c in text[x:y])]
-
-
-def _stripped(text: str, a: int, b: int) -> tuple[int, int]:
-    """text[a:b] without the whitespace around it, as (start, end); empty where it is all whitespace."""
-    piece = text[a:b]
-    left = a + len(piece) - len(piece.lstrip())
-    return left, max(left, a + len(piece.rstrip()))
-
-
-def _cut(text: str, a: int, b: int, budget: int, count: TokenCounter) -> list[tuple[int, int, int]]:
-    """(start, end, tokens) pieces of at most `budget` tokens covering text[a:b]'s words, as few as packing allows."""
-    # Cut at clause punctuation where there is some, else between words, else by windows of characters.
-    chunks = _clauses(text, a, b)
-    if len(chunks) < 2:
-        chunks = [m.span() for m in _WORD.finditer(text, a, b)]
-    if len(chunks) < 2:
-        return _windows(text, a, b, budget, count)
-    items = []
-    for (x, y), n in zip(chunks, count([text[x:y] for x, y in chunks])):
-        items += [(x, y, n)] if n <= budget else _cut(text, x, y, budget, count)
-    return _verified(text, _pack(items, budget), budget, count)
-
-
-def _clauses(text: str, a: int, b: int) -> list[tuple[int, int]]:
-    """text[a:b] cut after each clause mark, each part without the whitespace around it."""
-    cuts = [a] + [m.end() for m in _CLAUSE_END.finditer(text, a, b)] + [b]
-    parts = [_stripped(text, x, y) for x, y in zip(cuts, cuts[1:])]
-    return [(x, y) for x, y in parts if x < y]
-
-
-def _pack(items: list[tuple[int, int, int]], budget: int) -> list[list[tuple[int, int, int]]]:
-    """Consecutive items grouped greedily while their summed tokens stay within `budget`."""
-    groups, total = [[items[0]]], items[0][2]
-    for item in items[1:]:
-        if total + item[2] > budget:
-            groups.append([])
-            total = 0
-        groups[-1].append(item)
-        total += item[2]
-    return groups
-
-
-def _verified(
-    text: str, groups: list[list[tuple[int, int, int]]], budget: int, count: TokenCounter
-) -> list[tuple[int, int, int]]:
-    """Each group as one piece, counted whole; a group over budget (subwords are not additive everywhere) halved."""
-    pieces = []
-    for group, n in zip(groups, count([text[g[0][0] : g[-1][1]] for g in groups])):
-        if n <= budget or len(group) == 1:
-            pieces.append((group[0][0], group[-1][1], n))
-        else:
-            half = len(group) // 2
-            pieces += _verified(text, [group[:half], group[half:]], budget, count)
-    return pieces
-
-
-def _windows(text: str, a: int, b: int, budget: int, count: TokenCounter) -> list[tuple[int, int, int]]:
-    """text[a:b] (no space or clause mark in it) as the longest character windows of at most `budget` tokens."""
-    pieces = []
-    while a < b:
-        lo, hi = 1, min(b - a, budget * _MAX_PIECE_CHARS)
-        n_hi = count([text[a : a + hi]])[0]
-        if n_hi <= budget:
-            lo, n_lo = hi, n_hi
-        else:
-            n_lo = count([text[a : a + 1]])[0]  # one character is taken even over budget: the text must advance
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                n = count([text[a : a + mid]])[0]
-                lo, n_lo, hi = (mid, n, hi) if n <= budget else (lo, n_lo, mid)
-        pieces.append((a, a + lo, n_lo))
-        a += lo
-    return pieces
-
-
-def replace_unknowns(
-    src_pieces: Sequence[str],
-    tgt_pieces: Sequence[str],
-    attention: np.ndarray,
-    src_unknown: Sequence[int] = (),
-    unk: str = "<unk>",
-) -> list[str]:
-    """Target pieces with each `unk` the source piece it attends to most, and no unknown source piece dropped."""
-    # CTranslate2's replace_unknowns, and more: each unknown source piece (positions `src_unknown`) that no target
-    # `unk` took is put in before the target piece attending to it most. `attention` is (T, S): per target piece,
-    # weights over the source pieces (Translator.attention's cross weights, one layer, heads averaged);
-    # `src_pieces` are surface strings (SentencePiece's encode(..., out_type=str)).
-    weights = np.asarray(attention, dtype=np.float64)
-    if weights.shape != (len(tgt_pieces), len(src_pieces)):
-        expected = (len(tgt_pieces), len(src_pieces))
-        raise ValueError(f"attention is {weights.shape}, expected (target pieces, source pieces) = {expected}")
-    real = np.array([p not in _SPECIAL_PIECES for p in src_pieces])
-    if not real.any():
-        return list(tgt_pieces)
-    masked = np.where(real, weights, -np.inf)  # (T, S): never align to </s>
-    out = list(tgt_pieces)
-    taken = set()
-    for i, piece in enumerate(tgt_pieces):
-        if piece == unk:
-            j = int(masked[i].argmax())
-            out[i] = src_pieces[j]
-            taken.add(j)
-    insert_at = {}  # target position -> unknown source positions to put before it
-    for j in sorted(set(src_unknown) - taken):
-        insert_at.setdefault(int(weights[:, j].argmax()), []).append(j)
-    result = []
-    for i, piece in enumerate(out):
-        result += [_word_piece(src_pieces, j) for j in insert_at.get(i, ())] + [piece]
-    return result
-
-
-def _word_piece(src_pieces: Sequence[str], j: int) -> str:
-    """Source piece j, marked as a word's start (▁) where it starts one in the source."""
-    starts_word = j == 0 or src_pieces[j - 1] == "\u2581" or src_pieces[j].startswith("\u2581")
-    return "\u2581" + src_pieces[j].lstrip("\u2581") if starts_word else src_pieces[j]
-
-
-def join_pieces(pieces: Sequence[str]) -> str:
-    """SentencePiece pieces (▁ marks a word's start) as text, special pieces left out."""
-    return "".join(p for p in pieces if p not in _SPECIAL_PIECES).replace("\u2581", " ").strip()
 
 
 def join_hypotheses(seg: Segmentation, n_best: Sequence[Sequence[tuple[str, float]]]) -> list[tuple[str, float]]:

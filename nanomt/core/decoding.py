@@ -10,7 +10,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-# Scores of a finished hypothesis (nanomt.decode): GNMT's ((5 + len) / 6)^alpha, len^alpha, or the sum alone.
+# Scores of a finished hypothesis (nanomt.decoding.search): GNMT's ((5 + len) / 6)^alpha, len^alpha, or the sum alone.
 LENGTH_PENALTIES = ("gnmt", "average", "none")
 
 

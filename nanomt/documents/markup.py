@@ -17,6 +17,9 @@ from html.parser import HTMLParser
 
 import numpy as np
 
+from nanomt.decoding.alignment import Alignment
+from nanomt.decoding.pieces import SPECIAL_PIECES
+
 # The words tags may go between: a run of letters and digits, one CJK character (those scripts use no spaces) or one
 # other visible character. Python's \s counts a no-break space as whitespace, so it joins no word.
 _CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
@@ -24,7 +27,6 @@ WORD = re.compile(rf"[{_CJK}]|(?:(?![{_CJK}])\w)+|[^\w\s]")
 SPACE_CHARS = " \t\n\r\f"  # HTML's whitespace: a no-break space is text, not a separator
 SPACE_OR_NOT = re.compile(r"[ \t\n\r\f]+|[^ \t\n\r\f]+")
 LETTER = re.compile(r"[^\W\d_]")  # a text with no letter (numbers, punctuation) is kept as it is
-SPECIAL_PIECES = frozenset({"</s>", "<s>", "<pad>"})  # pieces that stand for no source or target characters
 MAX_DEPTH = 64  # elements nested deeper than this are kept as voids (the placement recurses once per level)
 MAX_CELLS = 4_000_000  # words x states of one placement table; a larger one is placed greedily
 
@@ -53,23 +55,6 @@ class Tag:
 Item = Text | Tag
 
 
-@dataclass(frozen=True)
-class Alignment:
-    """A sentence's translation and its soft alignment: weights[t, s] links target piece t to source piece s."""
-
-    translation: str
-    src_pieces: tuple[str, ...] = ()  # SentencePiece pieces ("▁" starts a word); "</s>" and the like stand for nothing
-    tgt_pieces: tuple[str, ...] = ()
-    weights: np.ndarray | None = None  # (T, S); None: the words align in order, by position
-
-    def __post_init__(self):
-        if self.weights is not None and np.shape(self.weights) != (len(self.tgt_pieces), len(self.src_pieces)):
-            raise ValueError(
-                f"alignment weights of shape {np.shape(self.weights)} do not match "
-                f"{len(self.tgt_pieces)} target and {len(self.src_pieces)} source pieces"
-            )
-
-
 # Source sentences -> their translations with alignments, in order; and text -> its sentences, in order.
 Translate = Callable[[list[str]], list[Alignment]]
 Split = Callable[[str], list[str]]
@@ -78,12 +63,6 @@ Split = Callable[[str], list[str]]
 def plain(translate: Callable[[list[str]], list[str]]) -> Translate:
     """A translate function without alignments (its words are then aligned in order, by position)."""
     return lambda sentences: [Alignment(t) for t in translate(sentences)]
-
-
-def cross_attention(layers: list[np.ndarray]) -> np.ndarray:
-    """Soft alignment (T, S) from per-layer (H, T, S) cross-attention: the penultimate layer's heads, averaged."""
-    # Garg et al. 2019 (Jointly Learning to Align and Translate) find the penultimate layer aligns best.
-    return np.asarray(layers[-2] if len(layers) > 1 else layers[-1], dtype=np.float64).mean(0)
 
 
 def balance(items: list[Item]) -> list[Item]:

@@ -22,7 +22,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from nanomt.decode import (
+from nanomt.core.model import Transformer
+from nanomt.decoding.rules import Rule, Step
+from nanomt.decoding.search import (
     Hypothesis,
     MaxLen,
     _check_beam_args,
@@ -34,8 +36,6 @@ from nanomt.decode import (
     _special_ids,
     beam_search,
 )
-from nanomt.model import Transformer
-from nanomt.rules import Rule, Step
 
 Phrases = tuple[tuple[int, ...], ...]  # one sentence's constraints: target token ids of each phrase
 

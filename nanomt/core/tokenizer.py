@@ -14,7 +14,7 @@ from pathlib import Path
 import sentencepiece as spm
 
 # The special ids (config.py) are reserved in every SentencePiece model, so the model and the data agree.
-from .config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, DataConfig, ModelConfig
+from nanomt.core.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, DataConfig, ModelConfig
 
 SHARED_FILE, SRC_FILE, TGT_FILE = "spm.model", "src.model", "tgt.model"
 # Id tables that replace SentencePiece's own ids (Marian's layout): one over both sides, or the target's own.

@@ -9,15 +9,15 @@ import logging
 import sys
 from pathlib import Path
 
-from nanomt.cli_translate import BUFFER_SIZE
-from nanomt.config import ConfigError
-from nanomt.files import FORMATS
+from nanomt.cli.translate import BUFFER_SIZE
+from nanomt.core.config import ConfigError
+from nanomt.documents.files import FORMATS
 
 log = logging.getLogger("nanomt")
 
 
 def cmd_train(args: argparse.Namespace) -> None:
-    from nanomt.train import train_from_file
+    from nanomt.training.train import train_from_file
 
     overrides = [*(args.set or []), *([f"train.init_from={args.init_from}"] if args.init_from else [])]
     run_dir = train_from_file(args.config, args.run_dir, overrides)
@@ -26,7 +26,7 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 def check_device(device: str) -> None:
     """Refuse a device this PyTorch build or machine lacks, in one line, before anything is loaded onto it."""
-    from nanomt.runtime import pick_device
+    from nanomt.core.runtime import pick_device
 
     pick_device(device, option="--device")
 
@@ -51,8 +51,8 @@ def sampling_options(args: argparse.Namespace) -> dict | None:
 
 def decoding_changes(args: argparse.Namespace) -> dict:
     """The decoding settings a `translate` or `evaluate` command changes (Decoding's fields), checked here."""
-    from nanomt.decoding import Decoding
-    from nanomt.glossary import read_glossary
+    from nanomt.core.decoding import Decoding
+    from nanomt.decoding.glossary import read_glossary
 
     changes = {
         "beam_size": args.beam,
@@ -73,8 +73,8 @@ def decoding_changes(args: argparse.Namespace) -> dict:
 
 def decoding_translator(args: argparse.Namespace):
     """The checkpoints' Translator for a process that decodes until it ends (translate, evaluate)."""
-    from nanomt import runtime
-    from nanomt.translate import Translator
+    from nanomt.core import runtime
+    from nanomt.decoding.translate import Translator
 
     check_device(args.device)
     translator = Translator.from_checkpoints(args.checkpoints, device=args.device, int8=args.int8)
@@ -86,7 +86,7 @@ def decoding_translator(args: argparse.Namespace):
 
 
 def cmd_translate(args: argparse.Namespace) -> None:
-    from nanomt import cli_translate
+    from nanomt.cli import translate as cli_translate
 
     changes = decoding_changes(args)  # refused before the model is loaded
     cli_translate.check_modes(args)
@@ -94,7 +94,7 @@ def cmd_translate(args: argparse.Namespace) -> None:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
-    from nanomt.evaluate import evaluate
+    from nanomt.training.evaluate import evaluate
 
     changes = decoding_changes(args)
     translator = decoding_translator(args)
@@ -119,7 +119,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
 
 
 def cmd_average(args: argparse.Namespace) -> None:
-    from nanomt.checkpoint import CheckpointError, average_checkpoints, step_dirs
+    from nanomt.core.checkpoint import CheckpointError, average_checkpoints, step_dirs
 
     paths = list(args.checkpoints)
     if args.last:
@@ -148,7 +148,7 @@ def cmd_plot(args: argparse.Namespace) -> None:
 def plot_attention_cmd(args: argparse.Namespace) -> Path:
     """Heatmaps of one sentence's attention: every head of a layer, or one head."""
     from nanomt import plots
-    from nanomt.translate import Translator
+    from nanomt.decoding.translate import Translator
 
     check_device(args.device)
     translator = Translator.from_checkpoint(args.checkpoint, device=args.device)
@@ -177,7 +177,7 @@ def plot_attention_cmd(args: argparse.Namespace) -> Path:
 
 
 def cmd_synth(args: argparse.Namespace) -> None:
-    from nanomt.synthetic import write_corpus
+    from nanomt.training.synthetic import write_corpus
 
     paths = write_corpus(args.out_dir, pairs=args.pairs, seed=args.seed)
     for split in ("train", "valid", "test"):
@@ -218,7 +218,7 @@ def cmd_export(args: argparse.Namespace) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
-    from nanomt.demo import run_demo
+    from nanomt.cli.demo import run_demo
 
     run_demo(Path(args.out), steps=args.steps, pairs=args.pairs)
 
@@ -233,7 +233,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
             file=sys.stderr,
         )
         sys.exit(1)
-    from nanomt.glossary import read_glossary
+    from nanomt.decoding.glossary import read_glossary
 
     config = ServeConfig(
         host=args.host,
@@ -357,7 +357,7 @@ def add_serve_flags(s: argparse.ArgumentParser) -> None:
     s.add_argument(
         "--keys-file",
         metavar="FILE",
-        help="API keys, hashed, with limits of their own (`python -m nanomt.keys new` writes a line; docs/serving.md)",
+        help="API keys, hashed, with limits of their own (`python -m nanomt.serve.keys new`; docs/serving.md)",
     )
     s.add_argument("--req-limit", type=int, default=d.req_limit, help="a key's requests a minute, unless its line says")
     s.add_argument(
@@ -574,9 +574,9 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(message)s")
     logging.getLogger("nanomt").setLevel(logging.DEBUG if args.verbose else logging.INFO)
-    from nanomt.checkpoint import CheckpointError
-    from nanomt.data import CorpusError
-    from nanomt.train import TrainingError
+    from nanomt.core.checkpoint import CheckpointError
+    from nanomt.training.data import CorpusError
+    from nanomt.training.train import TrainingError
 
     try:
         args.func(args)

@@ -19,8 +19,8 @@ from typing import BinaryIO
 import numpy as np
 import torch
 
-from .config import DataConfig, HFDataConfig, SpecialIds, SplitConfig
-from .tokenizer import Tokenizer, set_sampling_seed
+from nanomt.core.config import DataConfig, HFDataConfig, SpecialIds, SplitConfig
+from nanomt.core.tokenizer import Tokenizer, set_sampling_seed
 
 log = logging.getLogger("nanomt")
 
@@ -662,41 +662,6 @@ def resegment(
 
 # ---------------------------------------------------------------------------------------------------------
 # Batching
-
-
-def make_batches(
-    src_lens: np.ndarray,
-    tgt_lens: np.ndarray,
-    max_tokens: int,
-    seed: int,
-    epoch: int,
-    shuffle: bool = True,
-) -> list[np.ndarray]:
-    """Length-bucketed batches of sentence indices, each padded to at most max_tokens (seq + EOS/BOS)."""
-    if max_tokens < 1:
-        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-    src_lens = np.asarray(src_lens, dtype=np.int64)
-    tgt_lens = np.asarray(tgt_lens, dtype=np.int64)
-    n = len(tgt_lens)
-    rng = np.random.default_rng((seed, epoch))
-    # Sort by tgt length, then src length; a random last key shuffles sentences of equal lengths.
-    tie_break = rng.random(n) if shuffle else np.arange(n)
-    order = np.lexsort((tie_break, src_lens, tgt_lens))
-    # +1: every row carries one extra token (EOS on src and tgt_out, BOS on tgt_in).
-    width = (np.maximum(src_lens, tgt_lens) + 1)[order]
-    min_width = tgt_lens[order] + 1
-    batches = []
-    start = 0
-    while start < n:
-        # Widths from `start` on are >= min_width[start] (tgt is sorted), which bounds how many rows fit.
-        window = width[start : start + max_tokens // min_width[start] + 1]
-        padded = np.arange(1, len(window) + 1) * np.maximum.accumulate(window)  # nondecreasing
-        count = max(1, int(np.searchsorted(padded, max_tokens, side="right")))  # >= 1: oversize alone
-        batches.append(order[start : start + count])
-        start += count
-    if shuffle:
-        batches = [batches[i] for i in rng.permutation(len(batches))]
-    return batches
 
 
 def padding_fraction(batches: Sequence[np.ndarray], src_lens: np.ndarray, tgt_lens: np.ndarray) -> float:

@@ -8,7 +8,7 @@ The keys file holds one key a line, as its SHA-256 hash, with optional per-key l
 
 req_limit is requests per minute (a sliding window of 60 s), char_limit characters per request; `none` means no
 limit. Keys are random tokens (`new_key`), so one unsalted SHA-256 is enough to keep them unreadable at rest while a
-request's key is found with one hash; `python -m nanomt.keys new|hash` writes the lines.
+request's key is found with one hash; `python -m nanomt.serve.keys new|hash` writes the lines.
 """
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ def _parse_line(line: str, default: Limits) -> ApiKey:
             raise ValueError("the hash must be 'sha256:' and 64 lowercase hex digits")
         raise ValueError(
             "a line starts with a key's hash ('sha256:<hex>'), not the key itself: "
-            "write it with `python -m nanomt.keys hash`"
+            "write it with `python -m nanomt.serve.keys hash`"
         )
     fields: dict[str, str] = {}
     for item in rest:
@@ -227,8 +227,8 @@ class RateLimiter:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m nanomt.keys new|hash`: write a keys file line for a new key, or for a key read from stdin."""
-    p = argparse.ArgumentParser(prog="python -m nanomt.keys", description=__doc__.splitlines()[0])
+    """`python -m nanomt.serve.keys new|hash`: write a keys file line for a new key, or for a key read from stdin."""
+    p = argparse.ArgumentParser(prog="python -m nanomt.serve.keys", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
     for name, help_ in (("new", "make a random key; print it and its line"), ("hash", "the line of a key on stdin")):
         s = sub.add_parser(name, help=help_)

@@ -7,12 +7,12 @@ import time
 from pathlib import Path
 
 from nanomt import plots
-from nanomt.config import load_config
-from nanomt.data import read_lines
-from nanomt.evaluate import evaluate
-from nanomt.synthetic import write_corpus
-from nanomt.train import train
-from nanomt.translate import Translator
+from nanomt.core.config import load_config
+from nanomt.decoding.translate import Translator
+from nanomt.training.data import read_lines
+from nanomt.training.evaluate import evaluate
+from nanomt.training.synthetic import write_corpus
+from nanomt.training.train import train
 
 # Package data, so that `nanomt demo` runs from an installed package; configs/demo.yaml links to it.
 DEMO_CONFIG = Path(__file__).resolve().parent / "configs" / "demo.yaml"

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from nanomt.model import DecoderCache, DecoderOutput, Encoded, Transformer
+from nanomt.core.model import DecoderCache, DecoderOutput, Encoded, Transformer
 
 
 class Ensemble(nn.Module):

@@ -19,9 +19,9 @@ import torch.distributed as dist
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from nanomt.config import RUN_CONFIG, RUN_TOKENIZER, Config, ConfigError, checkpoint_root, load_config, save_config
-from nanomt.model import Transformer
-from nanomt.tokenizer import Tokenizer
+from nanomt.core.config import RUN_CONFIG, RUN_TOKENIZER, Config, ConfigError, checkpoint_root, load_config, save_config
+from nanomt.core.model import Transformer
+from nanomt.core.tokenizer import Tokenizer
 
 WEIGHTS = "model.safetensors"
 CONFIG, TOKENIZER = RUN_CONFIG, RUN_TOKENIZER

@@ -23,11 +23,16 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from nanomt import checkpoint as ckpt
-from nanomt import runtime
-from nanomt.checkpoint import TrainState
-from nanomt.config import Config, SplitConfig, TrainConfig, load_config, save_config, to_dict
-from nanomt.data import (
+from nanomt.core import checkpoint as ckpt
+from nanomt.core import runtime
+from nanomt.core.batches import make_batches
+from nanomt.core.checkpoint import TrainState
+from nanomt.core.config import Config, SplitConfig, TrainConfig, load_config, save_config, to_dict
+from nanomt.core.model import Transformer
+from nanomt.core.runtime import Runtime, autocast
+from nanomt.core.tokenizer import Tokenizer, train_tokenizer
+from nanomt.decoding.translate import Translator
+from nanomt.training.data import (
     Batch,
     Corpus,
     CorpusText,
@@ -38,7 +43,6 @@ from nanomt.data import (
     collate,
     corpora,
     corpus_texts,
-    make_batches,
     mixture,
     output_ids,
     padding_fraction,
@@ -46,11 +50,7 @@ from nanomt.data import (
     shard,
     split_pairs,
 )
-from nanomt.metrics import bleu
-from nanomt.model import Transformer
-from nanomt.runtime import Runtime, autocast
-from nanomt.tokenizer import Tokenizer, train_tokenizer
-from nanomt.translate import Translator
+from nanomt.training.metrics import bleu
 
 log = logging.getLogger("nanomt")
 

@@ -10,13 +10,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from nanomt import files, markup
-from nanomt.config import Config, language_codes
-from nanomt.decoding import Decoding
-from nanomt.documents import NBestTranslate, TextTranslation, TokenCounter, alternatives, segment, translate_texts
-from nanomt.sentences import split_sentences
-from nanomt.tokenizer import Tokenizer
-from nanomt.translate import Translator, src_limit
+from nanomt.core.config import Config, language_codes
+from nanomt.core.decoding import Decoding
+from nanomt.core.tokenizer import Tokenizer
+from nanomt.decoding.translate import Translator, src_limit
+from nanomt.documents import files, markup
+from nanomt.documents.segmentation import (
+    NBestTranslate,
+    TextTranslation,
+    TokenCounter,
+    alternatives,
+    segment,
+    translate_texts,
+)
+from nanomt.documents.sentences import split_sentences
 
 
 @dataclass(frozen=True)
@@ -78,12 +85,12 @@ def sentences(align: markup.Translate, n_best: NBestTranslate, source: Source) -
 
 
 def html(docs: Sequence[str], align: markup.Translate, n_best: NBestTranslate, source: Source) -> list[str]:
-    """HTML documents or fragments: sentences translated whole, inline tags put back by alignment (nanomt.markup)."""
+    """HTML documents or fragments: sentences translated whole, inline tags put back by alignment (markup)."""
     return markup.translate_html(list(docs), sentences(align, n_best, source), source.split)
 
 
 def document_file(data: bytes, fmt: str, align: markup.Translate, n_best: NBestTranslate, source: Source) -> bytes:
-    """A file (nanomt.files's formats) translated into a file of the same format; files.FileError if it cannot be."""
+    """A file (files.FORMATS) translated into a file of the same format; files.FileError if it cannot be."""
     return files.translate_file(data, fmt, sentences(align, n_best, source), source.split)
 
 

@@ -6,10 +6,10 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from nanomt.data import CorpusError, read_lines
-from nanomt.decoding import Decoding
-from nanomt.metrics import score
-from nanomt.translate import Translator
+from nanomt.core.decoding import Decoding
+from nanomt.decoding.translate import Translator
+from nanomt.training.data import CorpusError, read_lines
+from nanomt.training.metrics import score
 
 
 def evaluate(

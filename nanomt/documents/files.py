@@ -1,6 +1,6 @@
 """Files translated with their formatting kept: plain text, HTML, Markdown, subtitles (SRT) and Word (.docx)."""
 
-# Each format turns its text into segments of text and tags (nanomt.markup's items), translates them in one call,
+# Each format turns its text into segments of text and tags (markup's items), translates them in one call,
 # and writes the translations back into the file's own structure. Word's runs are elements like HTML's inline tags,
 # so formatting across runs follows the same alignment rule.
 
@@ -14,8 +14,8 @@ import zipfile
 from collections.abc import Callable
 from pathlib import PurePath
 
-from nanomt import markup
-from nanomt.markup import Item, Tag, Text, Translate
+from nanomt.documents import markup
+from nanomt.documents.markup import Item, Tag, Text, Translate
 
 # Format of each file name suffix, and the media type each format is sent back with.
 FORMATS = {
@@ -140,7 +140,7 @@ META_CHARSET = re.compile(rb"""<meta[^>]*?charset\s*=\s*["']?\s*([A-Za-z0-9_.:-]
 
 
 def _translate_html(data: bytes, translate: Translate, split: markup.Split | None) -> bytes:
-    """HTML: sentences translated with their inline tags (nanomt.markup), written in the document's own charset."""
+    """HTML: sentences translated with their inline tags (markup), written in the document's own charset."""
     found = META_CHARSET.search(data[:4096])
     charset = found.group(1).decode("ascii") if found and not data.startswith(codecs.BOM_UTF8) else "UTF-8"
     encoding = "utf-8-sig" if charset == "UTF-8" else charset

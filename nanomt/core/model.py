@@ -16,7 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from nanomt.config import ModelConfig
+from nanomt.core.config import ModelConfig
 
 # ---------------------------------------------------------------------------------------------------------
 # Masks and positions: pure functions.

@@ -72,7 +72,7 @@ def run(args: argparse.Namespace, translator, changes: dict) -> None:
     if args.format:
         translate_file(args, translator, changes)
         return
-    from nanomt.data import file_lines, stream_lines
+    from nanomt.training.data import file_lines, stream_lines
 
     interactive = not args.input and sys.stdin.isatty()
     if interactive and args.prefix_file:
@@ -125,7 +125,7 @@ def write_chunk(
     """One chunk's translations: a line each (an n-best list each with --n-best), in input order."""
     max_tokens = args.max_tokens
     if args.split:
-        from nanomt import document_translation as dt
+        from nanomt.documents import translation as dt
 
         decoding = translator.default_decoding.replace(**changes)
         _, n_best, source = dt.for_translator(translator, decoding, max_tokens)
@@ -144,7 +144,7 @@ def write_chunk(
 
 def translate_file(args: argparse.Namespace, translator, changes: dict) -> None:
     """--format: the whole input read as one document, written in the same format (formatting kept)."""
-    from nanomt import document_translation as dt
+    from nanomt.documents import translation as dt
 
     data = Path(args.input).read_bytes() if args.input else sys.stdin.buffer.read()
     decoding = translator.default_decoding.replace(**changes)

@@ -13,7 +13,7 @@ from typing import Any, Literal, NamedTuple
 
 import yaml
 
-from nanomt.decoding import LENGTH_PENALTIES, Decoding
+from nanomt.core.decoding import LENGTH_PENALTIES, Decoding
 
 _DECODING = Decoding()  # the one place decoding defaults are written
 
@@ -271,7 +271,7 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """Decoding defaults stored with a checkpoint: a Decoding's settings (nanomt/decoding.py says what each does,
+    """Decoding defaults stored with a checkpoint: a Decoding's settings (nanomt/core/decoding.py says what each does,
     and its defaults are these), and the batch size of translation."""
 
     beam_size: int = _DECODING.beam_size

@@ -1,0 +1,1 @@
+"""Documents around the Translator: sentences, segmentation, markup, files."""

@@ -1,0 +1,1 @@
+"""Corpora and batches, the training loop, the toy language pair, evaluation."""
