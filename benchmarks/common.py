@@ -1,27 +1,100 @@
-"""What the step benchmarks share: the Multi30k recipe's training step timed through `nanomt train`, A/B results.
+"""What benchmarks share: the repository's paths, a results file's machine and relative paths, and the Multi30k
+recipe's training step timed through `nanomt train` for A/B results.
 
-The recipe's own helpers (its data layout, the training subprocess, the machine and paths of a results file) come
-from `scripts.multi30k`, so a benchmark runs the recipe's step exactly as the recipe does.
+Benchmarks import this module and the package, never the recipes in scripts/ (which import only the package).
+Importing it imports no torch: a benchmark timing another toolkit (CTranslate2) stays torch-free.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import platform
 import resource
 import statistics
+import subprocess
+import sys
+from importlib import metadata
 from pathlib import Path
 
-from nanomt.plots import read_metrics
-from scripts.multi30k import ROOT, data_overrides, machine, run_training, shown
-
+ROOT = Path(__file__).resolve().parent.parent
+NANOMT = [sys.executable, "-m", "nanomt.cli"]
 RESULTS = ROOT / "benchmarks" / "results"
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "multi30k"
 DEFAULT_CONFIG = ROOT / "configs" / "multi30k_de_en.yaml"
 
 
+def shown(path: str | Path) -> str:
+    """A path as a results file names it: relative to the repository, never absolute."""
+    return os.path.relpath(Path(path).resolve(), ROOT)
+
+
+def git(*args: str) -> str:
+    """The output of a git command in the repository ('' where git is missing)."""
+    try:
+        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    except OSError:
+        return ""
+
+
+def cpu_model() -> str:
+    """The CPU's model name, as /proc/cpuinfo gives it."""
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+def machine() -> dict:
+    """CPU model, threads, versions and the git commit (and whether the tree differed from it), for a results file."""
+    import torch
+
+    from nanomt.core.runtime import cpu_has_bf16_kernels
+
+    return {
+        "cpu": cpu_model(),
+        "threads": torch.get_num_threads(),
+        "bf16_kernels": cpu_has_bf16_kernels(),  # train.precision=auto: bf16 if true, else fp32
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "sacrebleu": metadata.version("sacrebleu"),
+        "sentencepiece": metadata.version("sentencepiece"),
+        "git_commit": git("rev-parse", "HEAD"),
+        "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+    }
+
+
+def data_overrides(data: Path) -> list[str]:
+    """--set arguments pointing a config at the Multi30k files in `data` (train, val, test2016 .de/.en)."""
+    files = {"train": "train", "valid": "val", "test": "test2016"}
+    return [
+        f"data.{split}.{side}={data / f'{name}.{lang}'}"
+        for split, name in files.items()
+        for side, lang in (("src", "de"), ("tgt", "en"))
+    ]
+
+
+def run_training(config: Path, run_dir: Path, overrides: list[str], log: Path | None = None) -> None:
+    """`nanomt train`, in a subprocess so its threads and memory are its own; its output to `log` if given."""
+    cmd = [*NANOMT, "train", str(config), "--run-dir", str(run_dir)]
+    for o in overrides:
+        cmd += ["--set", o]
+    if log is None:
+        print("$", " ".join(cmd), flush=True)
+        subprocess.run(cmd, check=True)
+        return
+    with open(log, "w") as f:
+        subprocess.run(cmd, check=True, stdout=f, stderr=subprocess.STDOUT)
+
+
 def timed_run(config: Path, data: Path, run_dir: Path, steps: int, warmup: int, overrides: list[str] = ()) -> dict:
     """Train `steps` steps in a fresh run dir: median and mean ms a step after `warmup`, the child's faults and CPU."""
+    from nanomt.plots import read_metrics
+
     overrides = [
         *data_overrides(data),
         f"train.max_steps={steps}",

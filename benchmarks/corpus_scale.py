@@ -33,8 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import DEFAULT_DATA, RESULTS
-from scripts.multi30k import ROOT, machine, shown
+from benchmarks.common import DEFAULT_DATA, RESULTS, ROOT, machine, shown
 
 VARIANTS = {
     "plain": {},

@@ -25,9 +25,8 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import RESULTS
+from benchmarks.common import RESULTS, ROOT, machine, shown
 from nanomt.core.runtime import user_allocator_settings
-from scripts.multi30k import ROOT, machine, shown
 
 SETTINGS = {"glibc_default": "glibc.malloc.perturb=0", "nanomt": None}
 

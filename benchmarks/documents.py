@@ -24,9 +24,9 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.common import ROOT, machine, shown
 from benchmarks.sentence_split import SENTENCE_END, paragraphs
 
-ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_NEWS = ROOT.parent / "shared" / "data" / "news"
 DEFAULT_SRC = ROOT.parent / "shared" / "data" / "multi30k" / "test2016.de"
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "documents.json"
@@ -119,8 +119,6 @@ def main() -> None:
     p.add_argument("--work", type=Path, default=ROOT / "runs" / "documents_benchmark")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = p.parse_args()
-    from scripts.multi30k import machine, shown
-
     out = {
         "measures": "paragraphs of news lines as documents against their lines one by one; nanomt translate's "
         "peak memory on a small and a large input (module docstring)",

@@ -27,11 +27,11 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.common import ROOT
 from nanomt.decoding.glossary import required_terms
 from nanomt.decoding.translate import Translator
 from nanomt.training.metrics import score
 
-ROOT = Path(__file__).resolve().parent.parent
 WORD = re.compile(r"\w+")
 
 

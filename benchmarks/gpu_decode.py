@@ -30,9 +30,12 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.gpu_step import git_commit, sync
+from benchmarks.common import git
+from benchmarks.gpu_step import sync
+from nanomt.core.decoding import Decoding
 from nanomt.core.model import Transformer
-from nanomt.decoding.search import beam_search, greedy
+from nanomt.decoding.beam import beam_search
+from nanomt.decoding.greedy import greedy
 from nanomt.interop.marian import load_marian_weights, model_config, read_marian_weights
 
 BASE = dict(d_model=512, n_heads=8, layers=6, d_ff=2048, vocab=32000, batch=64, new_tokens=32)
@@ -97,9 +100,8 @@ def sources(s: dict, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def nanomt_decoder(model: Transformer, src: torch.Tensor, n: int, beams: int) -> Callable[[], list[list[int]]]:
     def run() -> list[list[int]]:
-        if beams == 1:
-            return greedy(model, src, n, min_len=n)
-        return [hyps[0].tokens for hyps in beam_search(model, src, beams, n, min_len=n)]
+        exactly = Decoding(beam_size=beams, max_len_a=0, max_len_b=n, min_len=n)  # n tokens each
+        return [hyps[0].tokens for hyps in (greedy if beams == 1 else beam_search)(model, src, exactly)]
 
     return run
 
@@ -193,7 +195,7 @@ def main(argv: list[str] | None = None) -> dict:
         "src_lens": list(SRC_LENS),
         "rows": rows,
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
-        "commit": git_commit(),
+        "commit": git("rev-parse", "HEAD") or None,
     }
     print(json.dumps(results, indent=2))
     if args.out:

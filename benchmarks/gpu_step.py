@@ -28,16 +28,15 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import subprocess
 import time
 from pathlib import Path
 
 import torch
 
+from benchmarks.common import git
 from nanomt import ModelConfig, Transformer
 from nanomt.training.train import label_smoothed_loss
 
-ROOT = Path(__file__).resolve().parent.parent
 BASE = dict(d_model=512, n_heads=8, layers=6, d_ff=2048, vocab=37000, batch=128, src_len=32, tgt_len=32)
 TINY = dict(d_model=32, n_heads=2, layers=1, d_ff=64, vocab=200, batch=4, src_len=8, tgt_len=8)
 PEAK_BF16_TFLOPS = {"H100": 989.5, "H200": 989.5, "A100": 312.0}  # dense, SXM; by device-name substring
@@ -152,13 +151,6 @@ def peak_tflops(device: torch.device, given: float | None) -> float | None:
     return next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
 
 
-def git_commit() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    except OSError:
-        return None
-
-
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda")
@@ -221,7 +213,7 @@ def main(argv: list[str] | None = None) -> dict:
         "results": results,
         "skipped": [] if contenders["marian"] is not None else ["marian (no transformers)"],
         "versions": {"torch": torch.__version__, "python": platform.python_version()},
-        "commit": git_commit(),
+        "commit": git("rev-parse", "HEAD") or None,
     }
     text = json.dumps(report, indent=2)
     print(text)

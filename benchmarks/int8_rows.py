@@ -54,15 +54,13 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
+from benchmarks.common import DEFAULT_DATA, RESULTS, ROOT, machine, shown  # noqa: E402
 from benchmarks.speed import Contender, round_robin  # noqa: E402
 from nanomt.core.checkpoint import load_checkpoint  # noqa: E402
 from nanomt.decoding.quantize import Int8Linear, quantize_int8  # noqa: E402
 from nanomt.decoding.translate import Translator  # noqa: E402
 from nanomt.training.evaluate import evaluate  # noqa: E402
-from scripts.multi30k import ROOT, machine, shown  # noqa: E402
 
-RESULTS = ROOT / "benchmarks" / "results"
-DEFAULT_DATA = ROOT.parent / "shared" / "data" / "multi30k"
 ROWS = (1, 5, 40, 320)
 # name: (d_model, d_ff, output rows, decoder layers)
 MODELS = {

@@ -25,7 +25,8 @@ from collections import defaultdict
 from importlib import metadata
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from benchmarks.common import ROOT, machine
+
 SERVED = ("de", "en", "fr", "cs")  # the candidate set of a server with these pairs
 WIDE = SERVED + ("es", "it", "pl", "nl", "ru")  # a server with more languages: more ways to be wrong
 WORD_BUCKETS = ((1, 2), (3, 5), (6, 10), (11, 20))
@@ -295,8 +296,6 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "langdetect.json")
     args = p.parse_args()
-    from scripts.multi30k import machine
-
     rows = test_texts(args)
     counts: dict = defaultdict(lambda: defaultdict(int))
     for lang, source, _ in rows:

@@ -37,15 +37,14 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.common import RESULTS, shown
 from benchmarks.served import launch, stop
 from benchmarks.speed import (
     CT2_GAP_S,
     NUM_THREADS,
     PRECISIONS,
-    RESULTS,
     differing,
     engine_processes,
-    rel,
     translate_machine,
 )
 
@@ -228,8 +227,8 @@ def main() -> None:
         "command": "python -m benchmarks.latency " + " ".join(sys.argv[1:]),
         "date": time.strftime("%Y-%m-%d"),
         "machine": translate_machine({"threads": {**threads, "serve": args.threads}}),
-        "checkpoint": rel(args.checkpoint),
-        "src": rel(args.src),
+        "checkpoint": shown(args.checkpoint),
+        "src": shown(args.src),
         "beam": BEAM,
         "requests_per_contender": len(indices),
         "rounds": args.rounds,
@@ -242,7 +241,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
     print(markdown_table(results))
-    print(json.dumps(compared), f"\nwrote {rel(args.out)}")
+    print(json.dumps(compared), f"\nwrote {shown(args.out)}")
 
 
 if __name__ == "__main__":

@@ -53,6 +53,7 @@ import sentencepiece as spm  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
+from benchmarks.common import DEFAULT_DATA, RESULTS, ROOT, machine, shown  # noqa: E402
 from benchmarks.speed import (  # noqa: E402
     Contender,
     changed_by_batch_budget,
@@ -67,10 +68,7 @@ from benchmarks.speed import (  # noqa: E402
 from nanomt.decoding.quantize import quantize_int8  # noqa: E402
 from nanomt.decoding.translate import Translator  # noqa: E402
 from nanomt.interop.marian import import_marian  # noqa: E402
-from scripts.multi30k import ROOT, machine, shown  # noqa: E402
 
-RESULTS = ROOT / "benchmarks" / "results"
-DEFAULT_DATA = ROOT.parent / "shared" / "data" / "multi30k"
 VOCAB = 58101  # Helsinki-NLP/opus-mt-de-en's shared id table
 SPM_VOCAB = 6000  # per side, trained on --data (opus-mt's are 32k each, over far more text)
 NEW_TOKENS = 24  # every sentence's translation: about a Multi30k sentence's, in 6k-piece SentencePiece tokens

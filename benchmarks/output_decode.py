@@ -24,11 +24,10 @@ from pathlib import Path
 import sacrebleu
 import torch
 
-from benchmarks.common import DEFAULT_DATA, RESULTS
+from benchmarks.common import DEFAULT_DATA, RESULTS, ROOT, machine, shown
 from nanomt.core.checkpoint import load_checkpoint
 from nanomt.decoding.quantize import quantize_int8
 from nanomt.decoding.translate import Translator
-from scripts.multi30k import ROOT, machine, shown
 
 
 def translators(checkpoint: Path, int8: bool) -> dict[str, Translator]:

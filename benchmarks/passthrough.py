@@ -25,10 +25,10 @@ from pathlib import Path
 
 from sacrebleu.metrics import CHRF
 
+from benchmarks.common import ROOT, machine, shown
 from nanomt import Translator
 from nanomt.documents.segmentation import translate_texts
 
-ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "passthrough.json"
 SPANS = {
     "url": ["https://example.com/docs/page-1.html", "www.example.org/news?id=7", "http://a.b-c.de/x_y"],
@@ -96,8 +96,6 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = p.parse_args()
-    from scripts.multi30k import machine, shown
-
     models = {}
     for name, run, src in args.model:
         lines = [s.strip() for s in Path(src).read_text(encoding="utf-8").splitlines()]

@@ -16,7 +16,8 @@ import json
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from benchmarks.common import ROOT, machine, shown
+
 GROUPS = {
     "matrix products": ("aten::addmm", "aten::mm", "aten::bmm", "aten::linear", "aten::_int_mm", "onednn::qlinear"),
     "attention": ("aten::_scaled_dot_product", "aten::scaled_dot_product"),
@@ -60,8 +61,6 @@ def profile(checkpoint: Path, lines: list[str], beam: int, int8: bool, top: int)
 
 
 def main() -> None:
-    from scripts.multi30k import machine, shown
-
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", type=Path, default=ROOT / "runs" / "multi30k_de_en")
     p.add_argument("--src", type=Path, default=ROOT.parent / "shared" / "data" / "multi30k" / "test2016.de")

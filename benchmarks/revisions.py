@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from benchmarks.common import ROOT, machine, shown
 
 
 def child(checkpoint: Path, src: Path, beam: int, reps: int) -> dict:
@@ -80,8 +80,6 @@ def main() -> None:
         return
     if args.old is None:
         p.error("--old is required")
-    from scripts.multi30k import machine, shown
-
     checkouts = {"old": args.old.resolve(), "new": args.new.resolve()}
     git = ["git", "rev-parse", "--short", "HEAD"]
     commits = {

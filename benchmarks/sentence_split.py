@@ -31,7 +31,8 @@ from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from benchmarks.common import ROOT, machine, shown
+
 DEFAULT_NEWS = ROOT.parent / "shared" / "data" / "news"
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "sentence_split.json"
 LANGS = ("de", "en")
@@ -259,8 +260,6 @@ def main() -> None:
     if args.probe:
         print(json.dumps(probe(args.probe)))
         return
-    from scripts.multi30k import machine, shown
-
     results = run(args.news)
     out = {
         "measures": "sentence splitters on paragraphs of 2-6 consecutive WMT news test lines (module docstring)",

@@ -35,9 +35,8 @@ import httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from benchmarks.common import RESULTS
+from benchmarks.common import RESULTS, machine, shown
 from benchmarks.served import launch, stop
-from scripts.multi30k import machine, shown
 
 KINDS = {"one_lock": ["--one-lock"], "batching": []}
 

@@ -61,6 +61,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from benchmarks.common import RESULTS, ROOT, cpu_model, git, shown
+
 NUM_THREADS = 2
 # Before torch, MKL or OpenMP start, here and in every worker process.
 os.environ.setdefault("OMP_NUM_THREADS", str(NUM_THREADS))
@@ -68,9 +70,7 @@ os.environ.setdefault("MKL_NUM_THREADS", str(NUM_THREADS))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-REPO = Path(__file__).resolve().parent.parent
-RESULTS = REPO / "benchmarks" / "results"
-DEFAULT_ANCHORS = REPO.parent / "shared" / "bench" / "anchors"
+DEFAULT_ANCHORS = ROOT.parent / "shared" / "bench" / "anchors"
 
 BF16_PEAK_GFLOPS = 860.0  # REPORT.md: oneDNN bf16 matmul on this CPU (AVX-512 bf16, no AMX)
 GEMM_SHAPE = (2048, 512, 2048)  # (M, K, N): 64 x 32 tokens through a 512 -> 2048 layer
@@ -347,8 +347,10 @@ def nanomt_decode_contenders(c: dict) -> tuple[list[Contender], dict]:
     import torch
 
     from nanomt.core.config import EOS_ID
+    from nanomt.core.decoding import Decoding
     from nanomt.core.model import Transformer
-    from nanomt.decoding.search import beam_search, greedy
+    from nanomt.decoding.beam import beam_search
+    from nanomt.decoding.greedy import greedy
 
     torch.manual_seed(0)
     model = Transformer(nanomt_model_config(c, tied=True)).eval()
@@ -360,9 +362,8 @@ def nanomt_decode_contenders(c: dict) -> tuple[list[Contender], dict]:
 
     def decode(m, bf16: bool, beams: int) -> list[list[int]]:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            if beams == 1:
-                return greedy(m, src, N_NEW, min_len=N_NEW)
-            return [hyps[0].tokens for hyps in beam_search(m, src, beams, N_NEW, min_len=N_NEW)]
+            exactly = Decoding(beam_size=beams, max_len_a=0, max_len_b=N_NEW, min_len=N_NEW)  # N_NEW tokens each
+            return [hyps[0].tokens for hyps in (greedy if beams == 1 else beam_search)(m, src, exactly)]
 
     reference = decode(model, False, 1)
     contenders = []
@@ -581,7 +582,7 @@ class EngineProcess:
         self.name = name
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
         pipe = subprocess.PIPE
-        self.proc = subprocess.Popen(cmd, stdin=pipe, stdout=pipe, text=True, bufsize=1, cwd=REPO, env=env)
+        self.proc = subprocess.Popen(cmd, stdin=pipe, stdout=pipe, text=True, bufsize=1, cwd=ROOT, env=env)
         self.info = json.loads(self._line("READY:"))
 
     def _line(self, prefix: str) -> str:
@@ -851,7 +852,7 @@ def translate_rows(timings: dict, outputs: dict, checkpoint: str, src_file: str,
     """Sentences/s of every run, nanomt's ratio to CTranslate2 at the same precision, int8's to float32."""
     rows = {}
     for name, t in timings.items():
-        rows[name] = dict(t, checkpoint=rel(checkpoint), src=rel(src_file), n_sentences=n)
+        rows[name] = dict(t, checkpoint=shown(checkpoint), src=shown(src_file), n_sentences=n)
         if "median_s" in t:
             rows[name]["sentences_per_s"] = n / t["median_s"]
             rows[name]["output_words"] = sum(len(x.split()) for x in outputs.get(name, []))
@@ -866,15 +867,6 @@ def translate_rows(timings: dict, outputs: dict, checkpoint: str, src_file: str,
         if impl_precision.endswith("int8") and "sentences_per_s" in fp32:
             row["x_fp32"] = row["sentences_per_s"] / fp32["sentences_per_s"]
     return rows
-
-
-def rel(path: str | Path) -> str:
-    """A path as a results file names it: relative to the repository, never absolute."""
-    return os.path.relpath(Path(path).resolve(), REPO)
-
-
-def git(*args: str) -> str:
-    return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
 
 
 def translate_machine(harness: dict) -> dict:
@@ -940,17 +932,12 @@ def machine_info(anchors_dir: Path) -> dict:
     """CPU, threads, versions (read from package metadata: importing ctranslate2 here would slow torch) and git."""
     import torch
 
-    from scripts.multi30k import shown
-
     versions = {}
     for package in ("torch", "transformers", "ctranslate2", "numpy"):
         try:
             versions[package] = importlib.metadata.version(package)
         except importlib.metadata.PackageNotFoundError:
             versions[package] = None
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
 
     return {
         "cpu": cpu_model(),
@@ -964,14 +951,6 @@ def machine_info(anchors_dir: Path) -> dict:
         "anchors": shown(anchors_dir),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-
-
-def cpu_model() -> str:
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 def fmt(x: float | None, spec: str = ".2f") -> str:

@@ -16,9 +16,8 @@ import os
 import tempfile
 from pathlib import Path
 
-from benchmarks.common import DEFAULT_CONFIG, DEFAULT_DATA, RESULTS
+from benchmarks.common import DEFAULT_CONFIG, DEFAULT_DATA, RESULTS, data_overrides, machine, run_training, shown
 from nanomt.plots import read_metrics
-from scripts.multi30k import data_overrides, machine, run_training, shown
 
 
 def epoch_times(metrics: Path) -> list[dict]:

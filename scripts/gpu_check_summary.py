@@ -13,11 +13,20 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from benchmarks.gpu_step import git_commit
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def git_commit() -> str | None:
+    """The commit of the checkout (None where git is missing)."""
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return None
 
 
 def read_json(path: Path) -> dict | None:

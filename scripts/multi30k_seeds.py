@@ -9,9 +9,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 from pathlib import Path
 
-from scripts.multi30k import machine
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def scores(run: dict) -> dict[str, float]:
@@ -43,13 +44,16 @@ def main() -> None:
     p.add_argument("runs", nargs="+", type=Path, help="results files of scripts.multi30k, one per seed")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
-    per_run = [scores(json.loads(path.read_text(encoding="utf-8"))) for path in args.runs]
+    runs = [json.loads(path.read_text(encoding="utf-8")) for path in args.runs]
+    per_run = [scores(run) for run in runs]
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
     result = {
         "task": "Multi30k de->en, the recipe (configs/multi30k_de_en.yaml) over seeds: mean, sample sd, min, max",
         "runs": [path.as_posix() for path in args.runs],
         "summary": {key: summarize([r[key] for r in per_run]) for key in per_run[0]},
         "per_run": per_run,
-        "machine": machine(),
+        "commit": commit,  # of the tree that summed the runs up; each run's machine and commit are its own
+        "machines": [run.get("machine") for run in runs],
     }
     args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(json.dumps(result["summary"], indent=2))

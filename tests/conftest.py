@@ -3,12 +3,14 @@
 import os
 import sys
 import tracemalloc
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 
 from nanomt.core.config import ModelConfig
+from nanomt.core.decoding import Decoding, Sampling
 from nanomt.core.model import Transformer
 from nanomt.core.tokenizer import EOS_ID, PAD_ID, UNK_ID
 from nanomt.training.synthetic import write_corpus
@@ -49,6 +51,37 @@ def random_transformer(seed: int, vocab: int, d_model: int = 32, layers: int = 2
         m.output.weight.mul_(4.0)
         m.output.weight[EOS_ID].mul_(2.0)
     return m
+
+
+@dataclass(frozen=True)
+class MaxLenFn:
+    """fairseq's --max-len-a/--max-len-b: a budget of int(a * src_len + b) tokens (Decoding's max_len_a/b)."""
+
+    a: float
+    b: int
+
+    def __call__(self, src_len: int) -> int:
+        return int(self.a * src_len + self.b)
+
+
+def max_len_fn(a: float, b: int) -> MaxLenFn:
+    return MaxLenFn(a, b)
+
+
+SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "seed")
+
+
+def decoding(max_len: int | MaxLenFn, beam_size: int = 1, **settings) -> Decoding:
+    """The Decoding of a search test: a budget of `max_len` tokens (or max_len_fn's), any Sampling field samples."""
+    a, b = (max_len.a, max_len.b) if isinstance(max_len, MaxLenFn) else (0.0, max_len)
+    sampling = {k: settings.pop(k) for k in SAMPLING_FIELDS if k in settings}
+    drawn = Sampling(**sampling) if sampling else None
+    return Decoding(beam_size=beam_size, max_len_a=a, max_len_b=b, sampling=drawn, **settings)
+
+
+def tokens(hyps: list[list]) -> list[list[int]]:
+    """Each sentence's best hypothesis' tokens (greedy's and sample's one)."""
+    return [h[0].tokens for h in hyps]
 
 
 def random_src(lengths: list[int], seed: int = 0, extra_pad: int = 0, *, vocab: int) -> torch.Tensor:

@@ -21,12 +21,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from conftest import KEPT, TIED_VOCAB, random_src, random_transformer
+from conftest import KEPT, TIED_VOCAB, decoding, max_len_fn, random_src, random_transformer, tokens
 
 import nanomt
 from nanomt.core.model import Transformer, prune_output
+from nanomt.decoding.beam import beam_search
 from nanomt.decoding.ensemble import Ensemble
-from nanomt.decoding.search import beam_search, greedy, max_len_fn, sample
+from nanomt.decoding.greedy import greedy
+from nanomt.decoding.sample import sample
 
 V = 24
 LENGTHS = [7, 3, 5, 1, 6, 8, 2, 4]
@@ -95,11 +97,11 @@ def cases() -> dict[str, Case]:
     out["ensemble_beam3"] = _beam("ensemble", "src", 3)
     out["pruned_beam3"] = _beam("pruned", "pruned_src", 3, min_len=2)
     out["pruned_beam8"] = _beam("pruned", "pruned_src", 8, n_best=4)  # 2k = 16 > the 12 scored ids
-    out["greedy"] = tokens_only(lambda m: greedy(m["plain"], m["src"], MAX_LEN))
-    out["greedy_min_len3"] = tokens_only(lambda m: greedy(m["plain"], m["src"], MAX_LEN, min_len=3))
-    out["greedy_max_len_fn"] = tokens_only(lambda m: greedy(m["plain"], m["src"], max_len_fn(0.5, 2)))
-    out["greedy_ensemble"] = tokens_only(lambda m: greedy(m["ensemble"], m["src"], MAX_LEN))
-    out["greedy_pruned"] = tokens_only(lambda m: greedy(m["pruned"], m["pruned_src"], MAX_LEN))
+    out["greedy"] = tokens_only(lambda m: tokens(greedy(m["plain"], m["src"], decoding(MAX_LEN))))
+    out["greedy_min_len3"] = tokens_only(lambda m: tokens(greedy(m["plain"], m["src"], decoding(MAX_LEN, min_len=3))))
+    out["greedy_max_len_fn"] = tokens_only(lambda m: tokens(greedy(m["plain"], m["src"], decoding(max_len_fn(0.5, 2)))))
+    out["greedy_ensemble"] = tokens_only(lambda m: tokens(greedy(m["ensemble"], m["src"], decoding(MAX_LEN))))
+    out["greedy_pruned"] = tokens_only(lambda m: tokens(greedy(m["pruned"], m["pruned_src"], decoding(MAX_LEN))))
     for name, settings in SAMPLING.items():
         for seed in (0, 1):
             out[f"sample_{name}_seed{seed}"] = _sample("plain", "src", seed, **settings)
@@ -112,14 +114,14 @@ def cases() -> dict[str, Case]:
 def _beam(model: str, src: str, k: int, max_len=MAX_LEN, n_best: int | None = None, **kwargs) -> Case:
     def run() -> list[list[dict]]:
         m = models()
-        hyps = beam_search(m[model], m[src], k, max_len, n_best=n_best or k, **kwargs)
+        hyps = beam_search(m[model], m[src], decoding(max_len, k, n_best=n_best or k, **kwargs))
         return [[{"tokens": h.tokens, "score": h.score, "log_prob": h.log_prob} for h in hs] for hs in hyps]
 
     return run
 
 
 def _sample(model: str, src: str, seed: int, **kwargs) -> Case:
-    return tokens_only(lambda m: sample(m[model], m[src], MAX_LEN, seed=seed, **kwargs))
+    return tokens_only(lambda m: tokens(sample(m[model], m[src], decoding(MAX_LEN, seed=seed, **kwargs))))
 
 
 def compute() -> dict[str, list[list[dict]]]:

@@ -4,12 +4,14 @@ and the Translator over several batches of different sizes (order restored; samp
 
 import pytest
 import torch
-from conftest import random_transformer
+from conftest import decoding, max_len_fn, random_transformer, tokens
 from decode_golden import LENGTHS, models
 
 from nanomt.core.config import Config, DataConfig, DecodeConfig
 from nanomt.core.tokenizer import train_tokenizer
-from nanomt.decoding.search import beam_search, greedy, max_len_fn, sample
+from nanomt.decoding.beam import beam_search
+from nanomt.decoding.greedy import greedy
+from nanomt.decoding.sample import sample
 from nanomt.decoding.translate import Translator
 
 SETTINGS = {"plain": {}, "min_len2": {"min_len": 2}, "max_len_fn": {"max_len": max_len_fn(1.2, 3)}}
@@ -26,8 +28,8 @@ def model_and_src(name: str) -> tuple:
 def decode_all(model, src: torch.Tensor, k: int, max_len, min_len: int) -> list[list[tuple[list[int], float]]]:
     """Each sentence's (tokens, score) hypotheses: greedy's one at k = 1, else beam search's k best."""
     if k == 1:
-        return [[(tokens, 0.0)] for tokens in greedy(model, src, max_len, min_len=min_len)]
-    hyps = beam_search(model, src, k, max_len, min_len=min_len, n_best=k)
+        return [[(out, 0.0)] for out in tokens(greedy(model, src, decoding(max_len, min_len=min_len)))]
+    hyps = beam_search(model, src, decoding(max_len, k, min_len=min_len, n_best=k))
     return [[(h.tokens, h.score) for h in hs] for hs in hyps]
 
 
@@ -117,8 +119,9 @@ def sampled_by_line(translator, model, batches, lines, seeds, **settings) -> lis
     limit = max_len_fn(DECODE.max_len_a, DECODE.max_len_b)
     out = [[] for _ in lines]
     for src, seed in zip(batches, seeds, strict=True):
-        for row, tokens in zip(src.tolist(), sample(model, src, limit, seed=seed, min_len=DECODE.min_len, **settings)):
-            out[line_of[tuple(t for t in row if t != pad)]] = tokens
+        drawn = tokens(sample(model, src, decoding(limit, seed=seed, min_len=DECODE.min_len, **settings)))
+        for row, ids in zip(src.tolist(), drawn):
+            out[line_of[tuple(t for t in row if t != pad)]] = ids
     return out
 
 

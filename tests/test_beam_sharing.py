@@ -4,11 +4,11 @@ model's kept ids, each against the plain path."""
 
 import pytest
 import torch
-from conftest import KEPT, TIED_VOCAB, random_src, random_transformer, tied_pair
+from conftest import KEPT, TIED_VOCAB, decoding, random_src, random_transformer, tied_pair
 
 from nanomt.core.model import Encoded, prune_output
+from nanomt.decoding.beam import beam_search
 from nanomt.decoding.ensemble import Ensemble
-from nanomt.decoding.search import beam_search
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -50,9 +50,9 @@ def test_shared_beams_decode_as_a_row_per_beam(k, ensemble):
     if ensemble:
         model = Ensemble([model, random_transformer(seed=5, vocab=40, d_model=16, layers=1)])
     src = random_src([3, 9, 1, 6, 12], seed=2, vocab=40)
-    shared = beam_search(model, src, k, 14, n_best=k, length_penalty=0.8)
+    shared = beam_search(model, src, decoding(14, k, n_best=k, length_penalty=0.8))
     plain_model = RowPerBeam(model)
-    plain = beam_search(plain_model, src, k, 14, n_best=k, length_penalty=0.8)
+    plain = beam_search(plain_model, src, decoding(14, k, n_best=k, length_penalty=0.8))
     assert [[h.tokens for h in s] for s in shared] == [[h.tokens for h in s] for s in plain]
     for a, b in zip(shared, plain):
         assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-5)
@@ -64,7 +64,7 @@ def test_the_first_step_runs_one_row_a_sentence():
     rows = []
     decode = model.decode
     model.decode = lambda tokens, *a, **kw: rows.append(tokens.size(0)) or decode(tokens, *a, **kw)
-    beam_search(model, random_src([3, 9, 1], seed=2, vocab=40), 4, 10)
+    beam_search(model, random_src([3, 9, 1], seed=2, vocab=40), decoding(10, 4))
     assert rows[0] == 3 and rows[1] == 12
 
 
@@ -93,8 +93,8 @@ def test_a_beam_wider_than_a_pruned_model_s_kept_ids_decodes_as_the_full_model(k
     pruned = prune_output(restricted)
     assert 2 * k > pruned.output.weight.size(0)
     src = random_src([6, 4, 7, 2], seed=3, vocab=TIED_VOCAB)
-    got = beam_search(pruned, src, k, 8, n_best=k)
-    ref = beam_search(restricted, src, k, 8, n_best=k)
+    got = beam_search(pruned, src, decoding(8, k, n_best=k))
+    ref = beam_search(restricted, src, decoding(8, k, n_best=k))
     assert [[h.tokens for h in hs] for hs in got] == [[h.tokens for h in hs] for hs in ref]
     for g, r in zip(sum(got, []), sum(ref, [])):
         assert g.score == pytest.approx(r.score, rel=1e-5)

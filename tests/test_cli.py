@@ -230,3 +230,40 @@ def test_every_option_of_every_command_has_help():
 
     walk(build_parser(), "nanomt")
     assert missing == []
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--beam", "0"], "beam_size must be >= 1"),
+        (["--n-best", "4", "--beam", "2"], "n_best must be in [1, beam_size=2]"),
+        (["--repetition-penalty", "0"], "repetition_penalty must be > 0"),
+    ],
+)
+def test_decoding_flags_are_checked_before_the_model_is_loaded(run_dir, monkeypatch, capsys, flags, message):
+    monkeypatch.setattr(Translator, "from_checkpoints", lambda *a, **k: pytest.fail("the model was loaded"))
+    with pytest.raises(SystemExit) as e:
+        main(["translate", str(run_dir), *flags])
+    assert e.value.code == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"nanomt: error: {message}") and err.count("\n") == 1, err
+
+
+def test_the_decoding_starts_from_the_checkpoints_and_reaches_the_translator_whole(run_dir, monkeypatch, tmp_path):
+    from nanomt.core.decoding import Decoding
+
+    seen = []
+    translate = Translator.translate_hypotheses
+
+    def recorded(self, sentences, decoding=None, **kw):
+        seen.append((decoding, kw))
+        return translate(self, sentences, decoding, **kw)
+
+    monkeypatch.setattr(Translator, "translate_hypotheses", recorded)
+    src = tmp_path / "src.txt"
+    src.write_text("la nuka korat.\n")
+    main(["translate", str(run_dir), "-i", str(src), "--min-len", "2", "-o", str(tmp_path / "out.txt")])
+    main(["evaluate", str(run_dir), "--src", str(src), "--ref", str(src), "--min-len", "2", "--json"])
+    want = Translator.from_checkpoint(run_dir).default_decoding.replace(min_len=2)
+    assert [d for d, _ in seen] == [want, want] and all(isinstance(d, Decoding) for d, _ in seen)
+    assert all(not {"min_len", "beam_size", "n_best"} & set(kw) for _, kw in seen)  # no settings beside it

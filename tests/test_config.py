@@ -163,11 +163,11 @@ def test_invalid_yaml_names_the_file_and_line(tmp_path):
     assert str(path) in message and "line " in message and "invalid YAML" in message and "\n" not in message
 
 
-def test_keys_of_removed_options_load_only_where_they_did_nothing():
-    cfg = config_from_dict({"train": {"dropout_start": None, "dropout_ramp": 0.5}})  # an older run's config.yaml
-    assert cfg.train == config_from_dict({}).train
-    with pytest.raises(ConfigError, match="train.dropout_start was removed"):
-        config_from_dict({"train": {"dropout_start": 0.1}})
+def test_keys_of_removed_options_are_unknown_keys():
+    """No compatibility for versions never released: a removed option is an unknown key like any other."""
+    for section in ({"dropout_start": None}, {"dropout_ramp": 0.5}):
+        with pytest.raises(ConfigError, match=f"unknown config key {next(iter(section))!r} in section 'train'"):
+            config_from_dict({"train": section})
 
 
 def test_negative_bidirectional_epochs_is_a_config_error():

@@ -8,11 +8,12 @@ import signal
 
 import pytest
 import torch
-from conftest import random_src, random_transformer, tiny_config
+from conftest import decoding, random_src, random_transformer, tiny_config, tokens
 
 from nanomt.core.checkpoint import WEIGHTS, load_trainer_state, read_weights, step_dirs
 from nanomt.core.config import config_from_dict
-from nanomt.decoding.search import beam_search, greedy
+from nanomt.decoding.beam import beam_search
+from nanomt.decoding.greedy import greedy
 from nanomt.training import train as train_module
 from nanomt.training.synthetic import write_corpus
 from nanomt.training.train import lr_at, train
@@ -102,9 +103,9 @@ def test_decoding_on_cuda_gives_the_cpus_tokens_in_float32(no_tf32):
     """Greedy and beam search of a padded batch: the same tokens and (to float rounding) scores on both devices."""
     model = random_transformer(seed=3, vocab=60, layers=2)
     src = random_src([5, 11, 2, 8, 16, 7], seed=1, vocab=60)
-    cpu = (greedy(model, src, 24), beam_search(model, src, 4, 24, n_best=2))
+    cpu = (tokens(greedy(model, src, decoding(24))), beam_search(model, src, decoding(24, 4, n_best=2)))
     model, src = model.to("cuda"), src.to("cuda")
-    gpu = (greedy(model, src, 24), beam_search(model, src, 4, 24, n_best=2))
+    gpu = (tokens(greedy(model, src, decoding(24))), beam_search(model, src, decoding(24, 4, n_best=2)))
     assert gpu[0] == cpu[0]
     assert [[h.tokens for h in s] for s in gpu[1]] == [[h.tokens for h in s] for s in cpu[1]]
     for sentence_gpu, sentence_cpu in zip(gpu[1], cpu[1]):

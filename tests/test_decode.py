@@ -10,11 +10,14 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from conftest import random_src, random_transformer
+from conftest import decoding, max_len_fn, random_src, random_transformer, tokens
 
 from nanomt.core.config import ModelConfig
 from nanomt.core.model import DecoderOutput, Encoded, Transformer, padding_mask
-from nanomt.decoding.search import Hypothesis, beam_search, greedy, max_len_fn, sample
+from nanomt.decoding.beam import beam_search
+from nanomt.decoding.greedy import greedy
+from nanomt.decoding.sample import sample
+from nanomt.decoding.steps import Hypothesis
 
 PAD, UNK, BOS, EOS, A, B, C = range(7)
 V = 24
@@ -63,7 +66,7 @@ def teacher_forced_log_prob(model: Transformer, src: torch.Tensor, targets: list
 
 
 def test_fixture_gives_varied_outputs(model):
-    out = greedy(model, make_src(LENGTHS), max_len=12)
+    out = tokens(greedy(model, make_src(LENGTHS), decoding(12)))
     assert len({tuple(o) for o in out}) >= 5
     assert any(len(o) < 12 for o in out) and any(len(o) == 12 for o in out)
 
@@ -71,7 +74,7 @@ def test_fixture_gives_varied_outputs(model):
 @pytest.mark.parametrize("min_len", [0, 3])
 def test_greedy_matches_uncached_reference(model, min_len):
     src = make_src(LENGTHS)
-    out = greedy(model, src, max_len=12, min_len=min_len)
+    out = tokens(greedy(model, src, decoding(12, min_len=min_len)))
     for i, n in enumerate(LENGTHS):
         assert out[i] == reference_greedy(model, src[i : i + 1, : n + 1], 12, min_len)
 
@@ -80,15 +83,15 @@ def test_greedy_matches_uncached_reference(model, min_len):
 @pytest.mark.parametrize("min_len", [0, 2])
 def test_beam_size_one_equals_greedy(model, kind, alpha, min_len):
     src = make_src(LENGTHS, extra_pad=2)
-    hyps = beam_search(model, src, 1, 12, min_len, length_penalty=alpha, length_penalty_kind=kind)
-    assert [h[0].tokens for h in hyps] == greedy(model, src, 12, min_len)
+    hyps = beam_search(model, src, decoding(12, 1, min_len=min_len, length_penalty=alpha, length_penalty_kind=kind))
+    assert [h[0].tokens for h in hyps] == tokens(greedy(model, src, decoding(12, min_len=min_len)))
 
 
 @pytest.mark.parametrize(("kind", "alpha"), [("gnmt", 0.6), ("average", 1.0), ("none", 0.0)])
 def test_hypothesis_log_prob_and_score_match_teacher_forcing(model, kind, alpha):
     src = make_src(LENGTHS[:4])
     max_len = 8
-    hyps = beam_search(model, src, 4, max_len, length_penalty=alpha, length_penalty_kind=kind, n_best=4)
+    hyps = beam_search(model, src, decoding(max_len, 4, length_penalty=alpha, length_penalty_kind=kind, n_best=4))
     for i, n in enumerate(LENGTHS[:4]):
         for h in hyps[i]:
             ended = len(h.tokens) < max_len  # shorter than the budget: it ended with EOS
@@ -103,20 +106,20 @@ def test_hypothesis_log_prob_and_score_match_teacher_forcing(model, kind, alpha)
 
 def test_output_independent_of_batch_and_padding(model):
     src = make_src(LENGTHS, extra_pad=3)
-    batch_greedy = greedy(model, src, 10)
-    batch_beam = beam_search(model, src, 3, 10, n_best=3)
+    batch_greedy = tokens(greedy(model, src, decoding(10)))
+    batch_beam = beam_search(model, src, decoding(10, 3, n_best=3))
     for i, n in enumerate(LENGTHS):
         alone = src[i : i + 1, : n + 1]
-        assert batch_greedy[i] == greedy(model, alone, 10)[0]
-        beam_alone = beam_search(model, alone, 3, 10, n_best=3)[0]
+        assert batch_greedy[i] == tokens(greedy(model, alone, decoding(10)))[0]
+        beam_alone = beam_search(model, alone, decoding(10, 3, n_best=3))[0]
         assert [h.tokens for h in batch_beam[i]] == [h.tokens for h in beam_alone]
         assert [h.score for h in batch_beam[i]] == pytest.approx([h.score for h in beam_alone], abs=1e-4)
 
 
 def test_n_best_distinct_and_sorted(model):
     src = make_src(LENGTHS[:4])
-    hyps = beam_search(model, src, 5, 10, n_best=5)
-    best = beam_search(model, src, 5, 10, n_best=1)
+    hyps = beam_search(model, src, decoding(10, 5, n_best=5))
+    best = beam_search(model, src, decoding(10, 5, n_best=1))
     for sentence, top in zip(hyps, best, strict=True):
         assert len(sentence) == 5
         assert len({tuple(h.tokens) for h in sentence}) == 5
@@ -129,9 +132,9 @@ def test_n_best_distinct_and_sorted(model):
 def test_max_len_bounds_output(model, max_len):
     src = make_src(LENGTHS)
     outputs = [
-        greedy(model, src, max_len),
-        [h[0].tokens for h in beam_search(model, src, 3, max_len)],
-        sample(model, src, max_len, seed=0),
+        tokens(greedy(model, src, decoding(max_len))),
+        [h[0].tokens for h in beam_search(model, src, decoding(max_len, 3))],
+        tokens(sample(model, src, decoding(max_len, seed=0))),
     ]
     for out in outputs:
         assert all(len(o) <= max_len for o in out)
@@ -142,26 +145,27 @@ def test_train_mode_left_alone(model):
     src = make_src(LENGTHS[:2])
     try:
         model.train()
-        greedy(model, src, 4)
-        beam_search(model, src, 2, 4)
+        tokens(greedy(model, src, decoding(4)))
+        beam_search(model, src, decoding(4, 2))
         assert model.training
     finally:
         model.eval()
-    greedy(model, src, 4)
+    tokens(greedy(model, src, decoding(4)))
     assert not model.training
 
 
 def test_bad_arguments_raise(model):
     src = make_src(LENGTHS[:2])
     with pytest.raises(ValueError, match="n_best"):
-        beam_search(model, src, 2, 5, n_best=3)
+        beam_search(model, src, decoding(5, 2, n_best=3))
     with pytest.raises(ValueError, match="length_penalty_kind"):
-        beam_search(model, src, 2, 5, length_penalty_kind="wu")
-    with pytest.raises(ValueError, match="max_len"):
-        greedy(model, src, 0)
+        beam_search(model, src, decoding(5, 2, length_penalty_kind="wu"))
+    with pytest.raises(ValueError, match="max_len_a"):
+        decoding(max_len_fn(-1.0, 5))
+    assert all(len(o) <= 1 for o in tokens(greedy(model, src, decoding(0))))  # a budget is at least one token
     with pytest.raises(ValueError, match="top_p"):
-        sample(model, src, 5, top_p=0.0)
-    assert greedy(model, src[:0], 5) == [] and beam_search(model, src[:0], 2, 5) == []
+        tokens(sample(model, src, decoding(5, top_p=0.0)))
+    assert tokens(greedy(model, src[:0], decoding(5))) == [] and beam_search(model, src[:0], decoding(5, 2)) == []
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -171,8 +175,10 @@ def test_bad_arguments_raise(model):
 
 def test_sampling_deterministic_for_a_seed_and_varies_across_seeds(model):
     src = make_src(LENGTHS)
-    assert sample(model, src, 10, temperature=2.0, seed=7) == sample(model, src, 10, temperature=2.0, seed=7)
-    outputs = {str(sample(model, src, 10, temperature=2.0, seed=s)) for s in range(4)}
+    assert tokens(sample(model, src, decoding(10, temperature=2.0, seed=7))) == tokens(
+        sample(model, src, decoding(10, temperature=2.0, seed=7))
+    )
+    outputs = {str(tokens(sample(model, src, decoding(10, temperature=2.0, seed=s)))) for s in range(4)}
     assert len(outputs) == 4
 
 
@@ -181,14 +187,14 @@ def test_sampling_deterministic_for_a_seed_and_varies_across_seeds(model):
 )
 def test_sampling_degenerates_to_greedy(model, kwargs):
     src = make_src(LENGTHS)
-    assert sample(model, src, 12, seed=3, **kwargs) == greedy(model, src, 12)
+    assert tokens(sample(model, src, decoding(12, seed=3, **kwargs))) == tokens(greedy(model, src, decoding(12)))
 
 
 def test_sampling_leaves_global_rng_alone(model):
     src = make_src(LENGTHS)
     state = torch.get_rng_state()
-    sample(model, src, 10, seed=1)
-    sample(model, src, 10, seed=None)
+    tokens(sample(model, src, decoding(10, seed=1)))
+    tokens(sample(model, src, decoding(10, seed=None)))
     assert torch.equal(torch.get_rng_state(), state)
 
 
@@ -299,7 +305,9 @@ def test_wide_beam_matches_exhaustive_search(seed, kind, alpha):
         key=lambda x: x[0],
         reverse=True,
     )
-    hyps = beam_search(stub, table_src([1, 3]), 128, max_len, length_penalty=alpha, length_penalty_kind=kind, n_best=5)
+    hyps = beam_search(
+        stub, table_src([1, 3]), decoding(max_len, 128, length_penalty=alpha, length_penalty_kind=kind, n_best=5)
+    )
     for sentence in hyps:
         assert [h.tokens for h in sentence] == [tokens for _, _, tokens in exhaustive[:5]]
         assert [h.score for h in sentence] == pytest.approx([s for s, _, _ in exhaustive[:5]], abs=1e-5)
@@ -314,8 +322,8 @@ GREEDY_TRAP = {(): {A: 0.5, B: 0.4, EOS: 0.1}, (A,): {A: 0.36, B: 0.34, C: 0.3},
 def test_beam_two_beats_greedy(kind):
     stub = TableModel(GREEDY_TRAP)
     src = table_src([2])
-    assert greedy(stub, src, 4) == [[A, A]]
-    (best,) = beam_search(stub, src, 2, 4, length_penalty_kind=kind)[0]
+    assert tokens(greedy(stub, src, decoding(4))) == [[A, A]]
+    (best,) = beam_search(stub, src, decoding(4, 2, length_penalty_kind=kind))[0]
     assert best.tokens == [B]
     assert best.log_prob == pytest.approx(math.log(0.36))
 
@@ -328,11 +336,11 @@ def test_stopping_rule():
     stub = TableModel(STOP_TABLE)
     src = table_src([2])
     # Without a length penalty the search goes on while a live beam can still beat the worst kept hypothesis.
-    hyps = beam_search(stub, src, 2, 4, length_penalty_kind="none", n_best=2)[0]
+    hyps = beam_search(stub, src, decoding(4, 2, length_penalty_kind="none", n_best=2))[0]
     assert [h.tokens for h in hyps] == [[], [A, C]]
     assert [h.log_prob for h in hyps] == pytest.approx([math.log(0.5), math.log(0.27)])
     # With alpha > 0 it stops at beam_size finished hypotheses (fairseq's rule), though A C scores higher.
-    hyps = beam_search(stub, src, 2, 4, length_penalty=1.0, length_penalty_kind="gnmt", n_best=2)[0]
+    hyps = beam_search(stub, src, decoding(4, 2, length_penalty=1.0, length_penalty_kind="gnmt", n_best=2))[0]
     assert [h.tokens for h in hyps] == [[], [B]]
 
 
@@ -342,9 +350,9 @@ FLAT = {EOS: 0.7, A: 0.2, B: 0.1}
 def test_model_that_ends_first_gives_empty_output():
     stub = TableModel({}, default=FLAT)
     src = table_src([2, 4])
-    assert greedy(stub, src, 5) == [[], []]
-    assert sample(stub, src, 5, top_k=1, seed=0) == [[], []]
-    for (h,) in beam_search(stub, src, 3, 5):
+    assert tokens(greedy(stub, src, decoding(5))) == [[], []]
+    assert tokens(sample(stub, src, decoding(5, top_k=1, seed=0))) == [[], []]
+    for (h,) in beam_search(stub, src, decoding(5, 3)):
         assert isinstance(h, Hypothesis) and h.tokens == []
         assert h.score == h.log_prob == pytest.approx(math.log(0.7))  # length 1: the GNMT penalty is 1
 
@@ -352,19 +360,19 @@ def test_model_that_ends_first_gives_empty_output():
 def test_min_len_forces_tokens():
     stub = TableModel({}, default=FLAT)
     src = table_src([2, 4])
-    assert greedy(stub, src, 10, min_len=3) == [[A, A, A], [A, A, A]]
-    for (h,) in beam_search(stub, src, 3, 10, min_len=3):
+    assert tokens(greedy(stub, src, decoding(10, min_len=3))) == [[A, A, A], [A, A, A]]
+    for (h,) in beam_search(stub, src, decoding(10, 3, min_len=3)):
         assert h.tokens == [A, A, A]
         assert h.log_prob == pytest.approx(3 * math.log(0.2) + math.log(0.7))
     for seed in range(5):
-        assert all(len(o) >= 3 for o in sample(stub, src, 10, min_len=3, seed=seed))
+        assert all(len(o) >= 3 for o in tokens(sample(stub, src, decoding(10, min_len=3, seed=seed))))
 
 
 def test_min_len_above_max_len_cuts_at_max_len():
     stub = TableModel({}, default=FLAT)
     src = table_src([2])
-    assert greedy(stub, src, 2, min_len=5) == [[A, A]]
-    (h,) = beam_search(stub, src, 2, 2, min_len=5)[0]
+    assert tokens(greedy(stub, src, decoding(2, min_len=5))) == [[A, A]]
+    (h,) = beam_search(stub, src, decoding(2, 2, min_len=5))[0]
     assert h.tokens == [A, A]
     assert h.log_prob == pytest.approx(2 * math.log(0.2))  # no EOS: the hypothesis was cut
 
@@ -373,20 +381,20 @@ def test_max_len_function_of_source_length_and_finished_rows_dropped():
     src = table_src([1, 3, 6])
     limit = max_len_fn(1.0, 2)  # 3, 5, 8 tokens
     stub = TableModel({}, default={A: 1.0})
-    assert [len(o) for o in greedy(stub, src, limit)] == [3, 5, 8]
+    assert [len(o) for o in tokens(greedy(stub, src, decoding(limit)))] == [3, 5, 8]
     assert stub.rows_per_step == [3, 3, 3, 2, 2, 1, 1, 1]
     stub = TableModel({}, default={A: 1.0})
-    assert [h[0].tokens for h in beam_search(stub, src, 2, limit)] == [[A] * 3, [A] * 5, [A] * 8]
+    assert [h[0].tokens for h in beam_search(stub, src, decoding(limit, 2))] == [[A] * 3, [A] * 5, [A] * 8]
     assert stub.rows_per_step == [6, 6, 6, 4, 4, 2, 2, 2]
-    assert [len(o) for o in sample(stub, src, max_len_fn(0.5, 1), seed=0)] == [1, 2, 4]
+    assert [len(o) for o in tokens(sample(stub, src, decoding(max_len_fn(0.5, 1), seed=0)))] == [1, 2, 4]
 
 
 def test_pad_and_bos_never_generated():
     stub = TableModel({}, default={PAD: 0.5, BOS: 0.3, A: 0.15, EOS: 0.05})
     src = table_src([2])
-    assert greedy(stub, src, 3) == [[A, A, A]]
-    assert sample(stub, src, 3, top_k=1, seed=0) == [[A, A, A]]
-    for h in beam_search(stub, src, 3, 3, n_best=3)[0]:
+    assert tokens(greedy(stub, src, decoding(3))) == [[A, A, A]]
+    assert tokens(sample(stub, src, decoding(3, top_k=1, seed=0))) == [[A, A, A]]
+    for h in beam_search(stub, src, decoding(3, 3, n_best=3))[0]:
         assert set(h.tokens) <= {A}
         # Banned tokens are masked, not renormalized away: log-probs stay the model's own.
         assert h.log_prob == pytest.approx(len(h.tokens) * math.log(0.15) + (len(h.tokens) < 3) * math.log(0.05))
@@ -394,7 +402,7 @@ def test_pad_and_bos_never_generated():
 
 def test_max_len_capped_at_decoder_positions():
     stub = TableModel({}, default={A: 1.0}, max_positions=5)
-    assert greedy(stub, table_src([2]), 100) == [[A] * 5]
+    assert tokens(greedy(stub, table_src([2]), decoding(100))) == [[A] * 5]
 
 
 SAMPLE_DEFAULT = {EOS: 0.2, A: 0.5, B: 0.3}
@@ -413,7 +421,7 @@ SAMPLE_DEFAULT = {EOS: 0.2, A: 0.5, B: 0.3}
 def test_sampling_distribution(kwargs, expected):
     n = 4000
     stub = TableModel({}, default=SAMPLE_DEFAULT)
-    out = sample(stub, table_src([1] * n), 1, seed=0, **kwargs)
+    out = tokens(sample(stub, table_src([1] * n), decoding(1, seed=0, **kwargs)))
     counts = Counter(o[0] if o else EOS for o in out)
     assert set(counts) == set(expected)
     for token, p in expected.items():

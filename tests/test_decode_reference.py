@@ -7,6 +7,7 @@ sentence finishes reads another sentence's table), and a tiny random Transformer
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import zlib
@@ -15,12 +16,13 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from conftest import random_transformer
+from conftest import decoding, max_len_fn, random_transformer
 
 from nanomt.core.config import ModelConfig
 from nanomt.core.model import DecoderOutput, Encoded, padding_mask
 from nanomt.core.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from nanomt.decoding.search import Hypothesis, beam_search, max_len_fn
+from nanomt.decoding.beam import beam_search
+from nanomt.decoding.steps import Hypothesis
 
 V = 12  # the stand-in's vocabulary: PAD, UNK, BOS, EOS and 8 words
 TRANSFORMER_V = 24
@@ -199,13 +201,15 @@ def check_against_reference(model, src, k, max_len, min_len=0, alpha=1.0, kind="
     got = beam_search(
         model,
         src,
-        k,
-        max_len,
-        min_len=min_len,
-        length_penalty=alpha,
-        length_penalty_kind=kind,
-        n_best=k,
-        early_stopping=early_stopping,
+        decoding(
+            max_len,
+            k,
+            min_len=min_len,
+            length_penalty=alpha,
+            length_penalty_kind=kind,
+            n_best=k,
+            early_stopping=early_stopping,
+        ),
     )
     cfg = model.cfg
     for i, row in enumerate(src):
@@ -258,5 +262,7 @@ def test_custom_bos_and_eos_ids_equal_the_reference_from_the_same_ids(name, k):
     got = check_against_reference(model, src, k, 8)
     assert all(7 not in h.tokens for hyps in got for h in hyps)
     if name == "transformer":  # the ids matter to this model: from BOS_ID to EOS_ID it translates otherwise
-        other = beam_search(model, src, k, 8, bos_id=BOS_ID, eos_id=EOS_ID)
+        mirror = copy.copy(model.model)  # the same network, started from BOS_ID and ended at EOS_ID
+        mirror.cfg = dataclasses.replace(model.cfg, bos_id=BOS_ID, eos_id=EOS_ID)
+        other = beam_search(mirror, src, decoding(8, k))
         assert [h[0].tokens for h in other] != [h[0].tokens for h in got]

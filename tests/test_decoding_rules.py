@@ -17,8 +17,8 @@ from nanomt.core.decoding import Decoding
 from nanomt.decoding.ensemble import Ensemble
 from nanomt.decoding.glossary import GlossaryError, read_glossary, required_terms
 from nanomt.decoding.rules import NoRepeatNgram, RepetitionPenalty, Step
-from nanomt.decoding.search import _Space
-from nanomt.decoding.translate import Translator
+from nanomt.decoding.steps import SearchSpace
+from nanomt.decoding.translate import Translator, word_starts
 
 ROOT = Path(__file__).resolve().parent.parent
 vocab = test_translate.vocab  # the fixture: (tokenizer, its directory, four target word ids)
@@ -127,7 +127,7 @@ def test_guards_on_a_pruned_space_act_on_the_positions_of_the_ids():
     ids = torch.tensor([0, 3, 5, 6, 9])  # a pruned model's kept ids
     index = torch.full((12,), -1)
     index[ids] = torch.arange(5)
-    space = _Space(ids, [], 1, index)
+    space = SearchSpace(ids, [], 1, index)
     history = torch.tensor([[5, 9, 5], [7, 7, 7]])  # 7 is not scored: nothing to ban for it
     scores = torch.zeros(2, 5)
     NoRepeatNgram(2).apply(scores, Step(3, history, space, 0))
@@ -190,6 +190,26 @@ def test_a_glossary_puts_its_terms_into_the_translation(vocab, tmp_path):
     assert source_word not in SOURCES[1] and out[1][0].tokens == []  # no term in it: as without the glossary
     with pytest.raises(ValueError, match="cannot write it"):
         translator.translate(SOURCES[:1], glossary=((source_word, "\u4e2d\u6587"),))
+
+
+def test_a_glossary_term_is_placed_as_a_whole_word_not_as_the_start_of_a_longer_one(vocab, tmp_path):
+    tokenizer, tokenizer_dir, words = vocab
+    pieces = tokenizer.tgt_pieces(list(range(tokenizer.tgt_vocab_size)))
+    going_on = next(i for i, p in enumerate(pieces) if p.isalpha() and p.islower())  # a piece inside a word: "ing"
+    starts = word_starts(tokenizer, tokenizer.tgt_vocab_size, 3)
+    assert not starts[going_on] and starts[3] and all(starts[w] for w in words)
+    assert all(
+        bool(starts[i]) == (p.startswith("▁") or i == 3) for i, p in enumerate(pieces) if p.lstrip("\u2581").isalnum()
+    )
+    # After BOS the term's piece (0.6) or another word; after the term, likeliest a piece that goes on with its word.
+    rows = {2: {words[2]: 0.6, words[0]: 0.4}, words[2]: {going_on: 0.9, 3: 0.1}, going_on: {3: 1.0}}
+    rows[words[0]] = {words[2]: 0.5, 3: 0.5}
+    ckpt = write_checkpoint(tmp_path / "ckpt", table_model(tokenizer.tgt_vocab_size, rows), tokenizer_dir, beam_size=4)
+    translator = Translator.from_checkpoint(ckpt)
+    assert translator.translate_hypotheses(SOURCES[:1])[0][0].tokens == [words[2], going_on]
+    glossary = ((SOURCES[0].split()[1], words_text(tokenizer, [words[2]])),)
+    (best,) = translator.translate_hypotheses(SOURCES[:1], glossary=glossary, length_penalty_kind="none")[0]
+    assert best.tokens == [words[2]] and not best.terms_missed
 
 
 def test_bad_decoding_settings_are_errors_naming_them():
@@ -270,6 +290,32 @@ def test_the_api_takes_prefixes_glossaries_and_guards(vocab, tmp_path):
         assert r.status_code == 400 and "does not fit its length limit" in r.json()["error"]
         r = c.post("/translate", json={"text": SOURCES[:2], "prefix": [prefix]})
         assert r.status_code == 422 and "one entry per sentence" in json.dumps(r.json())
+
+
+def test_attention_takes_the_decoding_settings_translate_takes(vocab, tmp_path):
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from nanomt.serve import create_app
+
+    tokenizer, tokenizer_dir, words = vocab
+    loop = {2: {words[0]: 1.0}, words[0]: {words[0]: 0.7, words[1]: 0.2, 3: 0.1}, words[1]: {3: 1.0}}
+    model = table_model(tokenizer.tgt_vocab_size, loop)
+    translator = Translator.from_checkpoint(write_checkpoint(tmp_path / "ckpt", model, tokenizer_dir, beam_size=1))
+    guarded = translator.translate(SOURCES[:1], no_repeat_ngram_size=2)[0]
+    assert guarded != translator.translate(SOURCES[:1])[0]
+    drawn = translator.translate(SOURCES[:1], sampling={"temperature": 0.5, "seed": 1})[0]
+    with TestClient(create_app(translator)) as c:
+        r = c.post("/attention", json={"text": SOURCES[0], "no_repeat_ngram_size": 2})
+        assert r.status_code == 200 and r.json()["translation"] == guarded
+        assert (
+            translator.attention(SOURCES[0], no_repeat_ngram_size=2, decoding=translator.default_decoding).translation
+            == guarded
+        )
+        r = c.post("/attention", json={"text": SOURCES[0], "temperature": 0.5, "seed": 1})
+        assert r.status_code == 200 and r.json()["translation"] == drawn
+        r = c.post("/attention", json={"text": SOURCES[0], "beam_size": 2, "temperature": 0.5})
+        assert r.status_code == 422 and "beam_size" in json.dumps(r.json())
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -7,13 +7,14 @@ import math
 
 import pytest
 import torch
-from conftest import random_src, random_transformer
+from conftest import decoding, random_src, random_transformer, tokens
 
 from nanomt.core.checkpoint import CheckpointError
 from nanomt.core.config import ModelConfig
 from nanomt.core.model import Transformer
+from nanomt.decoding.beam import beam_search
 from nanomt.decoding.ensemble import Ensemble
-from nanomt.decoding.search import beam_search, greedy
+from nanomt.decoding.greedy import greedy
 from nanomt.decoding.translate import Translator
 
 PAD, UNK, BOS, EOS = range(4)
@@ -63,7 +64,7 @@ def test_teacher_forced_output_is_the_mean_of_probabilities(members):
 def test_cached_greedy_matches_uncached_reference(members):
     lengths = [6, 2, 4, 1, 7]
     src = make_src(lengths, seed=1)
-    out = greedy(Ensemble(members), src, max_len=10)
+    out = tokens(greedy(Ensemble(members), src, decoding(10)))
     expected = [reference_greedy(members, src[i : i + 1, : n + 1], 10) for i, n in enumerate(lengths)]
     assert out == expected
     assert len({len(o) for o in out}) > 1  # sentences of different lengths: finished rows were dropped
@@ -71,9 +72,9 @@ def test_cached_greedy_matches_uncached_reference(members):
 
 def test_ensemble_of_copies_decodes_as_the_model(members):
     model, src = members[0], make_src([6, 3, 5, 2], seed=2)
-    single = beam_search(model, src, beam_size=3, max_len=10, length_penalty=1.0, n_best=2)
+    single = beam_search(model, src, decoding(10, 3, length_penalty=1.0, n_best=2))
     for ensemble in (Ensemble([model]), Ensemble([model, model])):
-        hyps = beam_search(ensemble, src, beam_size=3, max_len=10, length_penalty=1.0, n_best=2)
+        hyps = beam_search(ensemble, src, decoding(10, 3, length_penalty=1.0, n_best=2))
         assert [[h.tokens for h in hs] for hs in hyps] == [[h.tokens for h in hs] for hs in single]
         for hs, ref in zip(hyps, single):
             for h, r in zip(hs, ref):
@@ -82,7 +83,7 @@ def test_ensemble_of_copies_decodes_as_the_model(members):
 
 def test_beam_scores_are_the_ensembles_log_probabilities(members):
     ensemble, src = Ensemble(members), make_src([4, 6], seed=3)
-    for i, hyps in enumerate(beam_search(ensemble, src, beam_size=4, max_len=10, n_best=3)):
+    for i, hyps in enumerate(beam_search(ensemble, src, decoding(10, 4, n_best=3))):
         for h in hyps:
             targets = torch.tensor([*h.tokens, EOS])
             tgt_in = torch.tensor([[BOS, *h.tokens]])
@@ -93,7 +94,7 @@ def test_beam_scores_are_the_ensembles_log_probabilities(members):
 def test_positions_are_the_shortest_members():
     ensemble = Ensemble([random_transformer(1, V), random_transformer(2, V, max_positions=16)])
     assert ensemble.cfg.max_positions == 16
-    out = greedy(ensemble, make_src([3]), max_len=100)
+    out = tokens(greedy(ensemble, make_src([3]), decoding(100)))
     assert len(out[0]) <= 16
 
 

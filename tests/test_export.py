@@ -6,10 +6,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_config
+from conftest import random_src, random_transformer, tiny_config, tokens
 
 from nanomt.core.config import config_from_dict
-from nanomt.decoding.search import greedy as nanomt_greedy
+from nanomt.core.decoding import Decoding
+from nanomt.core.model import Transformer
+from nanomt.decoding.greedy import greedy as nanomt_greedy
 from nanomt.decoding.translate import Translator
 from nanomt.training.train import train
 
@@ -145,7 +147,9 @@ def test_onnx_logits_and_greedy_are_nanomt_s(variant, runs, sources, tmp_path):
     model, m = ours.model, ours.cfg.model
     src_ids = [s + [m.eos_id] for s in ours.tokenizer.encode_src(sources)]
     src = padded(src_ids, m.pad_id)
-    expected = nanomt_greedy(model, torch.from_numpy(src), ours._max_len, ours.cfg.decode.min_len)
+    d = ours.default_decoding  # its budget and min_len, at beam 1
+    greedy_1 = Decoding(beam_size=1, max_len_a=d.max_len_a, max_len_b=d.max_len_b, min_len=d.min_len)
+    expected = tokens(nanomt_greedy(model, torch.from_numpy(src), greedy_1))
     max_lens = [ours._max_len(len(s) - 1) for s in src_ids]
     assert greedy(encoder, decoder_step, src, m, max_lens, ours.cfg.decode.min_len) == expected
 
@@ -165,6 +169,111 @@ def test_onnx_logits_and_greedy_are_nanomt_s(variant, runs, sources, tmp_path):
         assert (np.isfinite(logits) == scored).all()
         largest = max(largest, float(np.abs(logits[scored] - reference[:, t][scored]).max()))
     assert largest < 1e-4
+
+
+# Random models (no training: the graphs' numbers, not the translations, are compared) for each option the traced
+# code branches on; the second scores 31 of its 40 ids (-inf logits elsewhere).
+GRAPH_VARIANTS = {
+    "pre_norm": {},
+    "learned_post_norm_restricted": {"positional": "learned", "norm_first": False, "restrict_output": True},
+    "halves_tied_bias": {
+        "sinusoidal_layout": "halves",
+        "share_embeddings": True,
+        "tie_output": True,
+        "output_bias": True,
+        "activation": "gelu",
+        "vocab_multiple": 16,
+    },
+}
+
+
+def random_model(**overrides) -> Transformer:
+    """conftest's random model with other options, in eval mode."""
+    cfg = dataclasses.replace(random_transformer(0, 40).cfg, **overrides)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = Transformer(cfg).eval()
+    with torch.no_grad():
+        if cfg.output_bias:
+            model.output.bias.normal_(0.0, 0.5)
+        if cfg.restrict_output:
+            model.set_output_vocab(torch.arange(4, 34))
+    return model
+
+
+@pytest.mark.parametrize("variant", list(GRAPH_VARIANTS))
+def test_onnx_graphs_are_the_models_encode_and_decode_steps(variant, tmp_path, one_thread):
+    """The traced graphs against the model's own encode and cached decode (a cache that grows, as decoding's does):
+    memory, each step's logits (-inf exactly where the model's) and the keys/values it returns are the model's
+    cache, within 1e-5, on a batch and lengths other than the traced ones, an all-padding source included."""
+    pytest.importorskip("onnxruntime")
+    from nanomt.interop.onnx import empty_cache, export_graphs, sessions
+
+    model = random_model(**GRAPH_VARIANTS[variant])
+    m = model.cfg
+    export_graphs(model, tmp_path)
+    encoder, decoder_step = sessions(tmp_path)
+    src = torch.cat([random_src([5, 9, 1, 7], seed=1, extra_pad=2, vocab=40), torch.full((1, 12), m.pad_id)])
+    tgt = torch.randint(4, 40, (len(src), 11), generator=torch.Generator().manual_seed(2))
+    tgt[:, 0], tgt[1, 6:] = m.bos_id, m.pad_id
+    with torch.no_grad():
+        enc = model.encode(src)
+        (memory,) = encoder.run(None, {"src": src.numpy()})
+        np.testing.assert_allclose(memory, enc.memory.numpy(), atol=1e-5, rtol=0)
+        # The model's mask, all-padding fix-up included, so that every row is compared.
+        feeds = {"memory": enc.memory.numpy(), "src_mask": enc.src_mask[:, 0, 0].numpy()}
+        keys = values = empty_cache(m, len(src))
+        cache = model.init_cache(enc)
+        for t in range(tgt.size(1)):
+            logits, keys, values = decoder_step.run(
+                None, {**feeds, "tokens": tgt[:, t : t + 1].numpy(), "past_keys": keys, "past_values": values}
+            )
+            out = model.decode(tgt[:, t : t + 1], enc, cache)
+            cache, expected = out.cache, out.logits[:, -1].numpy()
+            scored = np.isfinite(expected)
+            assert (np.isfinite(logits) == scored).all(), f"step {t}: -inf on other ids"
+            assert (~scored).any() == m.restrict_output
+            np.testing.assert_allclose(logits[scored], expected[scored], atol=1e-5, rtol=0, err_msg=f"step {t}")
+            for ours, name in ((keys, "self_k"), (values, "self_v")):
+                # (L, B, H, t+1, K): the filled positions of the model's buffers
+                theirs = torch.stack([getattr(c, name)[:, :, : t + 1] for c in cache.layers]).numpy()
+                assert ours.shape == theirs.shape
+                np.testing.assert_allclose(ours, theirs, atol=1e-5, rtol=0, err_msg=f"step {t}: {name}")
+
+
+def test_onnx_decoder_step_module_is_the_models_decode(one_thread):
+    """Before tracing, the decoder step module is model.decode itself: the same numbers, to the bit, step by step."""
+    from nanomt.interop.onnx import DecoderStepGraph, EncoderGraph, empty_cache
+
+    model = random_model(**GRAPH_VARIANTS["learned_post_norm_restricted"])
+    m = model.cfg
+    src = random_src([6, 2, 4], seed=3, vocab=40)
+    tgt = torch.randint(4, 40, (3, 6), generator=torch.Generator().manual_seed(4))
+    tgt[:, 0] = m.bos_id
+    step = DecoderStepGraph(model)
+    with torch.no_grad():
+        enc = model.encode(src)
+        assert torch.equal(EncoderGraph(model)(src), enc.memory)
+        keys = values = torch.from_numpy(empty_cache(m, len(src)))
+        cache = model.init_cache(enc)
+        for t in range(tgt.size(1)):
+            logits, keys, values = step(tgt[:, t : t + 1], enc.memory, enc.src_mask[:, 0, 0], keys, values)
+            out = model.decode(tgt[:, t : t + 1], enc, cache)
+            cache = out.cache
+            assert torch.equal(logits, out.logits[:, -1])
+            assert torch.equal(keys, torch.stack([c.self_k[:, :, : t + 1] for c in cache.layers]))
+            assert torch.equal(values, torch.stack([c.self_v[:, :, : t + 1] for c in cache.layers]))
+
+
+def test_onnx_export_needs_an_eval_mode_model_with_a_decoder(tmp_path):
+    """A model in train mode (its dropout would be traced) or without decoder layers is refused, nothing written."""
+    from nanomt.interop.onnx import export_graphs
+
+    with pytest.raises(ValueError, match="eval mode"):
+        export_graphs(random_model().train(), tmp_path / "train")
+    with pytest.raises(ValueError, match="decoder layer"):
+        export_graphs(random_model(n_decoder_layers=0), tmp_path / "none")
+    assert not (tmp_path / "train").exists() and not (tmp_path / "none").exists()
 
 
 def test_export_commands_write_what_the_functions_write(runs, tmp_path, capsys):

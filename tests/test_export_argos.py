@@ -14,10 +14,12 @@ from pathlib import Path
 import pytest
 import sentencepiece as spm
 import torch
+import yaml
 from conftest import tiny_config
 
 from nanomt.core.config import config_from_dict
-from nanomt.interop.argos import ArgosExportError, export_argos, language_pair
+from nanomt.core.languages import language_pair
+from nanomt.interop.argos import ArgosExportError, export_argos
 from nanomt.training.train import train
 
 argostranslate = pytest.importorskip("argostranslate")
@@ -252,22 +254,15 @@ def test_the_command_writes_what_the_function_writes(toy_runs, tmp_path, capsys)
 # ---------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "data, pair",
-    [
-        ({"hf": {"path": "wmt14", "src_lang": "de", "tgt_lang": "en"}, "train": {}}, ("de", "en")),
-        ({"train": {"src": "corpus/train.de", "tgt": "corpus/train.en"}}, ("de", "en")),
-        ({"train": {"src": "a/train.pt-BR", "tgt": "a/train.en"}}, ("pt-BR", "en")),
-        ({"train": [{"src": "x.cs", "tgt": "x.en"}, {"src": "y.cs", "tgt": "y.en", "weight": 2}]}, ("cs", "en")),
-        ({"train": [{"src": "x.cs", "tgt": "x.en"}, {"src": "y.fr", "tgt": "y.en"}]}, None),  # disagree
-        ({"train": {"src": "train.src", "tgt": "train.tgt"}}, None),  # placeholders
-        ({"train": {"src": "train.txt", "tgt": "train.txt"}}, None),
-        ({"train": {"tsv": "train.tsv"}}, None),
-        ({}, None),
-    ],
-)
-def test_language_pair_of_a_config(data, pair):
-    assert language_pair({"data": data}) == pair
+def test_the_package_is_named_by_the_run_s_language_pair(toy_runs, tmp_path):
+    """Without --source/--target, the codes are nanomt.core.languages.language_pair's of the run's config."""
+    run = tmp_path / "run"
+    shutil.copytree(toy_runs["shared"], run, ignore=shutil.ignore_patterns("checkpoints"))
+    config = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
+    config["data"]["train"] = [{"src": "a/train.cs", "tgt": "a/train.en"}, {"src": "b/news.cs", "tgt": "b/news.en"}]
+    (run / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    assert language_pair(config_from_dict({"data": config["data"]}).data) == ("cs", "en")
+    check_package(export_argos(run, tmp_path / "cs_en.argosmodel"), run, "cs", "en")
 
 
 def fake_run(run: Path, tmp_path: Path) -> Path:

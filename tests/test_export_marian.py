@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import sentencepiece as spm
 import torch
-from conftest import tiny_config
+from conftest import decoding, tiny_config, tokens
 from safetensors.torch import load_file
 
 transformers = pytest.importorskip("transformers")
@@ -19,7 +19,7 @@ from nanomt.cli import main  # noqa: E402
 from nanomt.core.checkpoint import load_checkpoint, model_state, write_checkpoint_dir  # noqa: E402
 from nanomt.core.config import Config, ModelConfig, config_from_dict  # noqa: E402
 from nanomt.core.model import Transformer  # noqa: E402
-from nanomt.decoding.search import greedy  # noqa: E402
+from nanomt.decoding.greedy import greedy  # noqa: E402
 from nanomt.interop import MarianExportError, export_marian, import_marian  # noqa: E402
 from nanomt.training.synthetic import write_corpus  # noqa: E402
 from nanomt.training.train import train  # noqa: E402
@@ -126,7 +126,7 @@ def test_logits_and_greedy_tokens_are_nanomt_s(run, exported, sentences):
     assert diff < 1e-4
     src = sentences[0]
     batch = hf_tok(src, return_tensors="pt", padding=True)
-    ours = greedy(model, batch.input_ids, MAX_LEN)
+    ours = tokens(greedy(model, batch.input_ids, decoding(MAX_LEN)))
     with torch.no_grad():  # PAD and BOS banned by the exported generation_config, as nanomt never generates them
         out = hf_model.generate(**batch, num_beams=1, max_length=MAX_LEN + 1)
     theirs = generated(out, cfg.model.eos_id)
@@ -339,7 +339,7 @@ def test_restrict_output_is_a_minus_infinity_bias(runs, sentences, tmp_path):
     batch = hf_tok(sentences[0][:20], return_tensors="pt", padding=True)
     with torch.no_grad():
         theirs = generated(hf_model.generate(**batch, num_beams=1, max_length=MAX_LEN + 1), cfg.model.eos_id)
-    assert greedy(model, batch.input_ids, MAX_LEN) == theirs
+    assert tokens(greedy(model, batch.input_ids, decoding(MAX_LEN))) == theirs
     assert {i for t in theirs for i in t} <= set(kept)
 
 

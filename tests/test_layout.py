@@ -1,4 +1,6 @@
-"""Imports point one way: the package knows nothing of scripts/ and benchmarks/, which use only its public names."""
+"""Imports point one way: the package knows nothing of scripts/ and benchmarks/, which use only its public names; a
+recipe in scripts/ imports the package alone (no other recipe, no benchmark), a benchmark the package and
+benchmarks/ (its common module), never a recipe."""
 
 from __future__ import annotations
 
@@ -11,7 +13,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE_FILES = sorted((ROOT / "nanomt").rglob("*.py"))
-USER_FILES = sorted([*(ROOT / "scripts").glob("*.py"), *(ROOT / "benchmarks").glob("*.py")])
+SCRIPT_FILES = sorted((ROOT / "scripts").glob("*.py"))
+BENCHMARK_FILES = sorted((ROOT / "benchmarks").glob("*.py"))
+USER_FILES = SCRIPT_FILES + BENCHMARK_FILES
 # Optional packages (the `bench` extra) a benchmark may need at import time: without them it is skipped.
 OPTIONAL = {"ctranslate2", "transformers"}
 
@@ -65,6 +69,35 @@ def nanomt_names(tree: ast.Module) -> list[tuple[int, str, str | None]]:
 def test_package_never_imports_scripts_or_benchmarks(path):
     bad = [(line, m) for line, m in imported_modules(parse(path)) if m.split(".")[0] in ("scripts", "benchmarks")]
     assert not bad, f"{path.relative_to(ROOT)} imports {bad}: the package must not know its scripts or benchmarks"
+
+
+def relative_imports(tree: ast.Module) -> list[tuple[int, str]]:
+    """(line, `.module`) of every relative import in a file (a sibling module of its folder)."""
+    return [
+        (node.lineno, "." * node.level + (node.module or ""))
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.level > 0
+    ]
+
+
+@pytest.mark.parametrize("path", SCRIPT_FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_scripts_import_neither_each_other_nor_benchmarks(path):
+    tree = parse(path)
+    bad = [(line, m) for line, m in imported_modules(tree) if m.split(".")[0] in ("scripts", "benchmarks")]
+    bad += relative_imports(tree)
+    assert not bad, f"{path.relative_to(ROOT)} imports {bad}: a recipe imports the package, not a recipe or benchmark"
+
+
+@pytest.mark.parametrize("path", BENCHMARK_FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_benchmarks_never_import_scripts(path):
+    bad = [(line, m) for line, m in imported_modules(parse(path)) if m.split(".")[0] == "scripts"]
+    assert not bad, f"{path.relative_to(ROOT)} imports {bad}: what benchmarks share is in benchmarks/common.py"
+
+
+def test_the_import_checks_see_every_kind_of_import():
+    tree = ast.parse("import scripts.multi30k\ndef f():\n    from benchmarks.common import shown\nfrom . import x\n")
+    assert imported_modules(tree) == [(1, "scripts.multi30k"), (3, "benchmarks.common")]
+    assert relative_imports(tree) == [(4, ".")]
 
 
 @pytest.mark.parametrize("path", USER_FILES, ids=lambda p: str(p.relative_to(ROOT)))

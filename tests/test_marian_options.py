@@ -12,12 +12,14 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 import torch
+from conftest import decoding, tokens
 from test_decode import EOS, STOP_TABLE, A, B, C, TableModel, table_src
 
 from nanomt.core.config import BOS_ID, ModelConfig
 from nanomt.core.model import Transformer, sinusoidal_table
 from nanomt.core.tokenizer import TGT_VOCAB_FILE, VOCAB_FILE, Tokenizer
-from nanomt.decoding.search import beam_search, greedy
+from nanomt.decoding.beam import beam_search
+from nanomt.decoding.greedy import greedy
 from nanomt.training.synthetic import generate_pairs
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -87,15 +89,13 @@ def test_decoding_starts_from_bos_id_and_ends_at_eos_id():
         return out
 
     assert reference(5) != reference(BOS_ID)  # the start token matters to this model
-    assert greedy(model, src, 6) == reference(5)
+    assert tokens(greedy(model, src, decoding(6))) == reference(5)
     with torch.no_grad():
         model.output.weight[7] = 100 * model.output.weight[7] + 1  # 7 wins at some steps
-    hyps = greedy(model, src, 6)
+    hyps = tokens(greedy(model, src, decoding(6)))
     assert hyps == reference(5)
     assert all(7 not in h and len(h) < 6 for h in hyps)
-    assert [h[0].tokens for h in beam_search(model, src, 3, 6)] == [
-        h[0].tokens for h in beam_search(model, src, 3, 6, bos_id=5, eos_id=7)
-    ]
+    assert all(7 not in h.tokens for hyps in beam_search(model, src, decoding(6, 3, n_best=3)) for h in hyps)
 
 
 def test_special_ids_are_checked():
@@ -115,10 +115,10 @@ def test_early_stopping_false_goes_on_while_a_live_beam_scores_better():
     stub = TableModel(STOP_TABLE)
     src = table_src([2])
     search = dict(length_penalty=1.0, length_penalty_kind="average", n_best=2)
-    hyps = beam_search(stub, src, 2, 4, early_stopping=False, **search)[0]
+    hyps = beam_search(stub, src, decoding(4, 2, early_stopping=False, **search))[0]
     assert [h.tokens for h in hyps] == [[A, C], []]
     assert [h.score for h in hyps] == pytest.approx([math.log(0.27) / 3, math.log(0.5)])
-    assert [h.tokens for h in beam_search(stub, src, 2, 4, **search)[0]] == [[], [B]]
+    assert [h.tokens for h in beam_search(stub, src, decoding(4, 2, **search))[0]] == [[], [B]]
     assert EOS not in hyps[0].tokens
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from conftest import KEPT, TIED_VOCAB, random_src, tied_pair
+from conftest import KEPT, TIED_VOCAB, decoding, random_src, tied_pair, tokens
 
 from nanomt.core.config import EOS_ID, PAD_ID, ModelConfig
 from nanomt.core.model import (
@@ -28,7 +28,8 @@ from nanomt.core.model import (
     prune_output,
     sinusoidal_table,
 )
-from nanomt.decoding.search import beam_search, greedy
+from nanomt.decoding.beam import beam_search
+from nanomt.decoding.greedy import greedy
 from nanomt.training.train import label_smoothed_loss
 
 PAD = 0
@@ -806,17 +807,17 @@ class MaskedOutput(torch.nn.Module):
 def test_decoding_equals_the_full_model_with_dropped_ids_masked():
     restricted, full = tied_pair(seed=3)
     src = random_src([6, 4, 7], seed=2, vocab=TIED_VOCAB)
-    free = greedy(full, src, max_len=12)
+    free = tokens(greedy(full, src, decoding(12)))
     # Drop the tokens the unrestricted model chose, so that the restricted model has to choose others.
     chosen = {t for row in free for t in row}
     keep = torch.tensor([i for i in range(TIED_VOCAB) if i not in chosen])
     restricted.set_output_vocab(keep)
     full.output = MaskedOutput(full.output, restricted.output_ids)
-    got = greedy(restricted, src, max_len=12)
-    assert got == greedy(full, src, max_len=12) and got != free
+    got = tokens(greedy(restricted, src, decoding(12)))
+    assert got == tokens(greedy(full, src, decoding(12))) and got != free
     assert all(t not in chosen for row in got for t in row)
-    beams = [[h.tokens for h in hyps] for hyps in beam_search(restricted, src, 3, max_len=12, n_best=3)]
-    assert beams == [[h.tokens for h in hyps] for hyps in beam_search(full, src, 3, max_len=12, n_best=3)]
+    beams = [[h.tokens for h in hyps] for hyps in beam_search(restricted, src, decoding(12, 3, n_best=3))]
+    assert beams == [[h.tokens for h in hyps] for hyps in beam_search(full, src, decoding(12, 3, n_best=3))]
 
 
 def test_pruned_copy_projects_onto_the_kept_rows_only_and_scores_as_the_model_does():
@@ -847,11 +848,14 @@ def test_pruned_copy_decodes_as_the_model_does():
     pruned = prune_output(restricted)
     src = random_src([6, 4, 7, 2], seed=3, vocab=TIED_VOCAB)
     for min_len in (0, 4):  # 4: EOS blocked for 4 steps, at its position among the kept ids
-        got, ref = greedy(pruned, src, 10, min_len), greedy(restricted, src, 10, min_len)
+        got, ref = (
+            tokens(greedy(pruned, src, decoding(10, min_len=min_len))),
+            tokens(greedy(restricted, src, decoding(10, min_len=min_len))),
+        )
         assert got == ref and min(map(len, got)) == (0 if min_len == 0 else 10)
         for kind in ("gnmt", "none"):
-            got = beam_search(pruned, src, 3, 10, min_len, length_penalty_kind=kind, n_best=3)
-            ref = beam_search(restricted, src, 3, 10, min_len, length_penalty_kind=kind, n_best=3)
+            got = beam_search(pruned, src, decoding(10, 3, min_len=min_len, length_penalty_kind=kind, n_best=3))
+            ref = beam_search(restricted, src, decoding(10, 3, min_len=min_len, length_penalty_kind=kind, n_best=3))
             assert [[h.tokens for h in hs] for hs in got] == [[h.tokens for h in hs] for hs in ref]
             for g, r in zip(sum(got, []), sum(ref, [])):
                 assert math.isclose(g.score, r.score, rel_tol=1e-5)
@@ -909,6 +913,6 @@ def test_padded_vocabulary_scores_as_the_unpadded_model(overrides):
             assert g is None and p.grad is None
             continue
         close(g[tuple(slice(0, n) for n in p.shape)], p.grad)
-    assert greedy(pad, src, max_len=8) == greedy(plain, src, max_len=8)
-    beams = [[h.tokens for h in hyps] for hyps in beam_search(pad, src, 3, max_len=8, n_best=3)]
-    assert beams == [[h.tokens for h in hyps] for hyps in beam_search(plain, src, 3, max_len=8, n_best=3)]
+    assert tokens(greedy(pad, src, decoding(8))) == tokens(greedy(plain, src, decoding(8)))
+    beams = [[h.tokens for h in hyps] for hyps in beam_search(pad, src, decoding(8, 3, n_best=3))]
+    assert beams == [[h.tokens for h in hyps] for hyps in beam_search(plain, src, decoding(8, 3, n_best=3))]

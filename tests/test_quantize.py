@@ -8,14 +8,15 @@ import sys
 
 import pytest
 import torch
-from conftest import random_src, random_transformer
+from conftest import decoding, random_src, random_transformer, tokens
 from torch import nn
 
 from nanomt.core.config import Config, DataConfig, DecodeConfig, ModelConfig
 from nanomt.core.model import DecoderOutput, Transformer
 from nanomt.core.tokenizer import train_tokenizer
+from nanomt.decoding.beam import beam_search
+from nanomt.decoding.greedy import greedy
 from nanomt.decoding.quantize import LEVELS, Int8Linear, is_quantized, quantize_int8, quantize_rows
-from nanomt.decoding.search import beam_search, greedy
 from nanomt.decoding.translate import Translator
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -132,7 +133,7 @@ def test_int8_logits_are_close_to_float32(model):
 def test_int8_decoding_uses_the_cache_like_float32(model):
     q = quantize_int8(model)
     src = torch.cat([torch.randint(4, 50, (4, 6)), torch.full((4, 1), 3)], dim=1)
-    out = greedy(q, src, max_len=8, min_len=8)
+    out = tokens(greedy(q, src, decoding(8, min_len=8)))
     # Teacher-forcing the greedy output through the uncached int8 model gives back every argmax: each row is
     # quantized on its own, so 1 new token a step and the whole sequence at once see the same codes.
     tgt_in = torch.tensor([[2] + o[:-1] for o in out])
@@ -187,8 +188,8 @@ def decode_all(model, src: torch.Tensor, k: int) -> list[list[tuple[list[int], f
     """Each sentence's (tokens, score) hypotheses: greedy's one at k = 1, else beam search's k best."""
     with torch.inference_mode():
         if k == 1:
-            return [[(tokens, 0.0)] for tokens in greedy(model, src, 12)]
-        return [[(h.tokens, h.score) for h in hs] for hs in beam_search(model, src, k, 12, n_best=k)]
+            return [[(out, 0.0)] for out in tokens(greedy(model, src, decoding(12)))]
+        return [[(h.tokens, h.score) for h in hs] for hs in beam_search(model, src, decoding(12, k, n_best=k))]
 
 
 def test_uncached_reference_decodes_float32_as_the_cache_does():

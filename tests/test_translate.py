@@ -11,14 +11,15 @@ import subprocess
 
 import pytest
 import torch
-from conftest import NANOMT, TIED_VOCAB, random_src, tied_pair, tiny_config
+from conftest import NANOMT, TIED_VOCAB, decoding, max_len_fn, random_src, tied_pair, tiny_config, tokens
 
 from nanomt.core.checkpoint import load_checkpoint, model_state, write_checkpoint_dir
 from nanomt.core.config import Config, DataConfig, DecodeConfig, ModelConfig, config_from_dict
 from nanomt.core.model import Transformer
 from nanomt.core.tokenizer import BOS_ID, EOS_ID, PAD_ID, train_tokenizer
+from nanomt.decoding.beam import beam_search
 from nanomt.decoding.ensemble import Ensemble
-from nanomt.decoding.search import beam_search, greedy, max_len_fn
+from nanomt.decoding.greedy import greedy
 from nanomt.decoding.translate import Translator
 
 D_MODEL = 16
@@ -210,12 +211,14 @@ def test_cli_n_best_rows_are_beam_search_hypotheses(vocab, tmp_path):
     expected = beam_search(
         loaded,
         src,
-        4,
-        max_len_fn(DEFAULTS.max_len_a, DEFAULTS.max_len_b),
-        min_len=1,
-        length_penalty=0.5,
-        length_penalty_kind="average",
-        n_best=4,
+        decoding(
+            max_len_fn(DEFAULTS.max_len_a, DEFAULTS.max_len_b),
+            4,
+            min_len=1,
+            length_penalty=0.5,
+            length_penalty_kind="average",
+            n_best=4,
+        ),
     )
     assert rows == [
         [str(i), f"{h.score:.4f}", tokenizer.decode_tgt([h.tokens])[0]] for i, hyps in enumerate(expected) for h in hyps
@@ -260,7 +263,7 @@ def test_cli_int8_decodes_with_the_int8_model_and_max_len_from_the_config(vocab,
 def test_translator_decodes_restricted_models_through_the_pruned_projection(toy_corpus, tmp_path):
     restricted, full = tied_pair(seed=3)
     src = random_src([6, 4, 7], seed=2, vocab=TIED_VOCAB)
-    chosen = {t for row in greedy(full, src, max_len=12) for t in row}
+    chosen = {t for row in tokens(greedy(full, src, decoding(12))) for t in row}
     restricted.set_output_vocab(torch.tensor([i for i in range(TIED_VOCAB) if i not in chosen]))
     tok = None  # Translator's model and decoding do not need the tokenizer here
     cfg = config_from_dict(tiny_config(toy_corpus))
@@ -268,9 +271,9 @@ def test_translator_decodes_restricted_models_through_the_pruned_projection(toy_
     assert float32.output.out_features == len(restricted.output_ids) < TIED_VOCAB
     assert restricted.output.out_features == TIED_VOCAB  # the model given is not changed
     with torch.inference_mode():
-        assert greedy(float32, src, max_len=12) == greedy(restricted, src, max_len=12)
-        ref = [[h.tokens for h in hyps] for hyps in beam_search(restricted, src, 3, max_len=12, n_best=3)]
-        assert [[h.tokens for h in hyps] for hyps in beam_search(float32, src, 3, max_len=12, n_best=3)] == ref
+        assert tokens(greedy(float32, src, decoding(12))) == tokens(greedy(restricted, src, decoding(12)))
+        ref = [[h.tokens for h in hyps] for hyps in beam_search(restricted, src, decoding(12, 3, n_best=3))]
+        assert [[h.tokens for h in hyps] for hyps in beam_search(float32, src, decoding(12, 3, n_best=3))] == ref
         int8 = Translator(restricted, tok, cfg, int8=True).model
         assert int8.output.out_features == len(restricted.output_ids)  # quantized after pruning: K rows
         tgt = random_src([4, 6], seed=1, vocab=TIED_VOCAB)

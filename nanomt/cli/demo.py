@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import shutil
 import time
 from pathlib import Path
@@ -26,6 +27,10 @@ def _table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
     for row in rows:
         lines += [f"{h:>{width}}: {v}" for h, v in zip(header, row)] + [""]
     return "\n".join(lines)
+
+
+def demo(args: argparse.Namespace) -> None:
+    run_demo(Path(args.out), steps=args.steps, pairs=args.pairs)
 
 
 def run_demo(out: Path, steps: int | None = None, pairs: int | None = None, config: Path = DEMO_CONFIG) -> dict:

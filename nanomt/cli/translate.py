@@ -17,7 +17,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
-BUFFER_SIZE = 10_000  # lines a chunk: the default of --buffer-size
+from nanomt.cli import models
+
+
+def translate(args: argparse.Namespace) -> None:
+    """`nanomt translate`: options checked, the model loaded, the input translated with the flags' Decoding."""
+    check_modes(args)  # refused before the model is loaded
+    translator, decoding = models.translator_and_decoding(args)
+    if args.format:
+        translate_file(args, translator, decoding)
+    else:
+        translate_lines(args, translator, decoding)
 
 
 def check_modes(args: argparse.Namespace) -> None:
@@ -67,11 +77,8 @@ def chunks(lines: Iterator[str], size: int) -> Iterator[list[str]]:
         yield chunk
 
 
-def run(args: argparse.Namespace, translator, changes: dict) -> None:
-    """The command, once its options are checked and the model is loaded."""
-    if args.format:
-        translate_file(args, translator, changes)
-        return
+def translate_lines(args: argparse.Namespace, translator, decoding) -> None:
+    """One sentence (or paragraph, with --split) a line of the input, translated in chunks of --buffer-size lines."""
     from nanomt.training.data import file_lines, stream_lines
 
     interactive = not args.input and sys.stdin.isatty()
@@ -88,7 +95,7 @@ def run(args: argparse.Namespace, translator, changes: dict) -> None:
             if len(chunk) < size:  # the input's last chunk: now the total is known
                 progress.total = first + len(chunk)
             chunk_prefixes = _take(prefixes, chunk, first, lines, interactive)
-            write_chunk(out, translator, args, changes, chunk, first, chunk_prefixes)
+            write_chunk(out, translator, args, decoding, chunk, first, chunk_prefixes)
             first += len(chunk)
             progress.update(len(chunk))
             if interactive:
@@ -120,34 +127,32 @@ def _take(
 
 
 def write_chunk(
-    out: TextIO, translator, args, changes: dict, lines: list[str], first: int, prefixes: list[str] | None
+    out: TextIO, translator, args, decoding, lines: list[str], first: int, prefixes: list[str] | None
 ) -> None:
     """One chunk's translations: a line each (an n-best list each with --n-best), in input order."""
     max_tokens = args.max_tokens
     if args.split:
         from nanomt.documents import translation as dt
 
-        decoding = translator.default_decoding.replace(**changes)
         _, n_best, source = dt.for_translator(translator, decoding, max_tokens)
         for t in dt.paragraphs(lines, n_best, source, split=True):
             out.write(t.text + "\n")
-    elif changes.get("n_best", 1) > 1:
+    elif args.n_best > 1:
         # K lines per input sentence: index, score, translation (tab-separated), best first.
-        hyps = translator.translate_n_best(lines, max_tokens=max_tokens, prefixes=prefixes, **changes)
+        hyps = translator.translate_n_best(lines, decoding=decoding, max_tokens=max_tokens, prefixes=prefixes)
         for i, sentence in enumerate(hyps, first):
             for text, score in sentence:
                 out.write(f"{i}\t{score:.4f}\t{text}\n")
     else:
-        for text in translator.translate(lines, max_tokens=max_tokens, prefixes=prefixes, **changes):
+        for text in translator.translate(lines, decoding=decoding, max_tokens=max_tokens, prefixes=prefixes):
             out.write(text + "\n")
 
 
-def translate_file(args: argparse.Namespace, translator, changes: dict) -> None:
+def translate_file(args: argparse.Namespace, translator, decoding) -> None:
     """--format: the whole input read as one document, written in the same format (formatting kept)."""
     from nanomt.documents import translation as dt
 
     data = Path(args.input).read_bytes() if args.input else sys.stdin.buffer.read()
-    decoding = translator.default_decoding.replace(**changes)
     align, n_best, source = dt.for_translator(translator, decoding, args.max_tokens)
     translated = dt.document_file(data, args.format, align, n_best, source)
     with output(args.output, binary=True) as out:

@@ -277,8 +277,7 @@ def set_rng_state(state: dict) -> None:
     np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
-        cuda = state["cuda"]  # checkpoints of older versions hold every visible GPU's state
-        torch.cuda.set_rng_state_all(cuda) if isinstance(cuda, list) else torch.cuda.set_rng_state(cuda)
+        torch.cuda.set_rng_state(state["cuda"])
 
 
 def all_rng_states(group=None) -> list[dict] | None:
@@ -343,11 +342,8 @@ class TrainState:
         optimizer.load_state_dict(saved["optimizer"])
         if scaler is not None and saved.get("scaler"):
             scaler.load_state_dict(saved["scaler"])
-        rng = saved["rng"]  # one state per rank; a single one in checkpoints of older versions
-        rngs = rng if isinstance(rng, list) else [rng]
+        rngs = saved["rng"]  # one state per rank
         if rank >= len(rngs):  # more ranks than the run was saved with: the resume cannot be exact
             log.warning("the checkpoint holds RNG states of %d rank(s); rank %d starts from rank 0's", len(rngs), rank)
         set_rng_state(rngs[rank] if rank < len(rngs) else rngs[0])
-        if "best_bleu" in saved:  # checkpoints written before best_score had its name
-            saved["best_score"] = saved["best_bleu"]
         return cls(**{f.name: saved[f.name] for f in dataclasses.fields(cls)}), step_dir

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -24,18 +23,12 @@ SINUSOIDAL_LAYOUTS = ("interleaved", "halves")
 # Special token ids of the vocabularies nanomt trains (its SentencePiece models reserve them). A model's own ids
 # are its ModelConfig's (an imported Marian model has others): everything that builds batches or scores reads those.
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
-# Keys of older nanomt versions, accepted at the value that made them do nothing (older run directories load).
-REMOVED_KEYS = {"train": {"dropout_start": None, "dropout_ramp": 0.5}}
 # A checkpoint directory holds its config file and tokenizer directory, or its run does (above checkpoints/step_N).
 RUN_CONFIG, RUN_TOKENIZER = "config.yaml", "tokenizer"
 # What a run started from another's weights (train.init_from) may set in `model`: dropout changes training alone.
 FINE_TUNABLE = ("dropout", "attention_dropout", "activation_dropout")
 # The data keys that made the tokenizer: with train.init_from, the tokenizer is the other run's.
 TOKENIZER_KEYS = ("tokenizer", "vocab_size", "shared_vocab", "character_coverage", "tokenizer_sentences")
-
-
-# A language code as a file suffix: "de", "eng", "pt-BR", "zh_Hant".
-LANGUAGE_CODE = re.compile(r"[A-Za-z]{2,3}(?:[-_][A-Za-z0-9]{2,8})?")
 
 
 class ConfigError(ValueError):
@@ -315,19 +308,6 @@ class Config:
             raise ValueError("train.bidirectional_epochs with model.restrict_output needs train.accum_steps: 1")
 
 
-def language_codes(cfg: Config) -> tuple[str, str]:
-    """A run's (source, target) codes: its Hugging Face dataset's, else its training files' suffixes (de, en)."""
-    data = cfg.data
-    if data.hf is not None and data.hf.src_lang and data.hf.tgt_lang:
-        return data.hf.src_lang, data.hf.tgt_lang
-    first = data.train[0] if isinstance(data.train, tuple) else data.train
-    if first.src and first.tgt:
-        codes = Path(first.src).suffix[1:], Path(first.tgt).suffix[1:]
-        if codes[0] != codes[1] and all(LANGUAGE_CODE.fullmatch(c) for c in codes):
-            return codes
-    return "src", "tgt"
-
-
 def _is_dataclass_type(tp: Any) -> bool:
     return isinstance(tp, type) and dataclasses.is_dataclass(tp)
 
@@ -394,12 +374,6 @@ def _build(cls: type, values: dict, where: str) -> Any:
     """Build dataclass `cls` from a dict, rejecting unknown keys and wrong types."""
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
-    values = dict(values)
-    for key, inert in REMOVED_KEYS.get(where, {}).items():
-        if key in values and values[key] == inert:
-            del values[key]
-        elif key in values:
-            raise ConfigError(f"{where}.{key} was removed from nanomt (docs/experiments.md says why)")
     unknown = sorted(set(values) - names)
     if unknown:
         section = where or "top level"

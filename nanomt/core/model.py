@@ -26,8 +26,9 @@ from nanomt.core.config import ModelConfig
 def padding_mask(ids: Tensor, pad_id: int) -> Tensor:
     """(B, S) token ids -> (B, 1, 1, S) key mask, True on real tokens."""
     mask = ids != pad_id
-    # A sentence that is all padding may attend to its first position, so softmax never sees an empty row.
-    mask[:, 0] |= ~mask.any(dim=1)
+    # A sentence that is all padding may attend to its first position, so softmax never sees an empty row. An
+    # assignment, not |=: the ONNX export traces this, and ONNX has no in-place `or` on a view.
+    mask[:, 0] = mask[:, 0] | ~mask.any(dim=1)
     return mask[:, None, None, :]  # (B, 1, 1, S)
 
 

@@ -12,15 +12,11 @@ import sys
 import threading
 from dataclasses import dataclass
 
-# oneDNN, which runs bf16 matmuls on the CPU, JIT-compiles a kernel for each matrix shape and caches 1,024 of
-# them. Length-bucketed batches bring ~160 shapes an epoch and dozens of kernels each, so the default cache
-# thrashes and steps recompile their kernels every epoch: 1.38x on a Multi30k bf16 step (docs/performance.md).
-# oneDNN reads this when it makes its first kernel, so it is set before torch is imported; setdefault leaves a
-# user's own setting alone.
-os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "65536")
+import torch
+import torch.distributed as dist
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+# oneDNN's kernel cache (ONEDNN_PRIMITIVE_CACHE_CAPACITY) is raised by nanomt/__init__.py, which runs before this
+# module and so before torch is imported here: oneDNN reads it when it makes its first kernel.
 
 log = logging.getLogger("nanomt")
 

@@ -1,40 +1,42 @@
 """Lexically constrained beam search with dynamic beam allocation (Post & Vilar, 2018): every translation contains
-each of its sentence's target phrases (a glossary's terms, as token ids).
+each of its sentence's target phrases (a glossary's terms, as token ids), each as whole words.
 
-The search is decode.beam_search's, with three changes:
+The search is beam.beam_search's, with three changes:
 - each live beam tracks its progress through the phrases (`Progress`): the phrases met, and the tokens written so
-  far of one being written. EOS is blocked until every phrase is met;
+  far of one being written. A phrase whose last token is written is pending: it is met only if the next token starts
+  a new word, is punctuation or ends the sentence (`Targets.word_start`), so that a term 'hound' is not met by
+  'hounding'. EOS is blocked until every phrase is met (or pending);
 - the candidates of a sentence are the 2k best extensions, each beam's best token, and each beam's tokens that
   advance a phrase (the next token of the phrase it is writing, or the first of one not met);
 - the k beams that live on are taken from the candidates grouped in banks by the phrase tokens they have met: the
   best of the fullest bank, then the best of the next, ... round after round (the dynamic allocation), so that
   hypotheses that met more of the phrases survive beside likelier ones that met fewer.
 A finished hypothesis counts only if it met every phrase. A sentence whose phrases no hypothesis could meet within
-its length budget is reported unmet (`met` False), and its hypotheses are those of the unconstrained search.
+its budget gets no hypothesis ([]): search then gives it the unconstrained search's, marked `terms_missed`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from nanomt.core.decoding import Decoding
 from nanomt.core.model import Transformer
-from nanomt.decoding.rules import Rule, Step
-from nanomt.decoding.search import (
+from nanomt.decoding.rules import Step, rules_for
+from nanomt.decoding.steps import (
     Hypothesis,
-    MaxLen,
-    _check_beam_args,
-    _length_penalty,
-    _max_lens,
-    _next_log_probs,
-    _select,
-    _space,
-    _special_ids,
-    beam_search,
+    SearchSpace,
+    Targets,
+    bound,
+    budgets,
+    check_src,
+    next_log_probs,
+    score,
+    search_space,
+    select_rows,
 )
 
 Phrases = tuple[tuple[int, ...], ...]  # one sentence's constraints: target token ids of each phrase
@@ -46,7 +48,9 @@ class Progress:
 
     phrases: Phrases
     met: frozenset[int] = frozenset()
-    partial: tuple[int, int] | None = None  # (phrase, tokens of it written) of the phrase being written
+    # (phrase, tokens of it written) of the phrase being written; all its tokens: pending, the next must start a word
+    partial: tuple[int, int] | None = None
+    whole_words: bool = False  # False: a phrase is met with its last token, whatever follows
 
     @property
     def count(self) -> int:
@@ -55,19 +59,31 @@ class Progress:
         return done + (self.partial[1] if self.partial else 0)
 
     @property
+    def pending(self) -> bool:
+        """A phrase is written whole and waits for the next token to start a word."""
+        return self.partial is not None and self.partial[1] == len(self.phrases[self.partial[0]])
+
+    @property
     def done(self) -> bool:
-        return len(self.met) == len(self.phrases)
+        """Every phrase met, if the sentence ends here (a pending phrase included: the end confirms it)."""
+        return len(self.met) + self.pending == len(self.phrases)
 
     def next_tokens(self) -> set[int]:
         """The tokens that advance: the next of the phrase being written, the first of each one not met."""
         tokens = {p[0] for i, p in enumerate(self.phrases) if i not in self.met}
-        if self.partial is not None:
+        if self.partial is not None and not self.pending:
             i, j = self.partial
             tokens.add(self.phrases[i][j])
         return tokens
 
-    def advance(self, token: int) -> Progress:
-        """The progress after writing `token`: a phrase goes on, starts, is met, or the one being written is broken."""
+    def advance(self, token: int, starts_word: bool = True) -> Progress:
+        """The progress after `token`: a pending phrase met (`starts_word`) or broken, then one goes on or starts."""
+        if self.pending:
+            i = self.partial[0]
+            return self._again(self.met | {i} if starts_word else self.met)._next(token)
+        return self._next(token)
+
+    def _next(self, token: int) -> Progress:
         if self.partial is not None:
             i, j = self.partial
             if self.phrases[i][j] == token:
@@ -75,12 +91,15 @@ class Progress:
         starts = [i for i, p in enumerate(self.phrases) if i not in self.met and p[0] == token]
         if starts:
             return self._written(starts[0], 1)
-        return Progress(self.phrases, self.met) if self.partial is not None else self
+        return self._again(self.met) if self.partial is not None else self
+
+    def _again(self, met: frozenset[int], partial: tuple[int, int] | None = None) -> Progress:
+        return Progress(self.phrases, met, partial, self.whole_words)
 
     def _written(self, i: int, j: int) -> Progress:
-        if j == len(self.phrases[i]):
-            return Progress(self.phrases, self.met | {i})
-        return Progress(self.phrases, self.met, (i, j))
+        if j == len(self.phrases[i]) and not self.whole_words:
+            return self._again(self.met | {i})
+        return self._again(self.met, (i, j))
 
 
 @dataclass(frozen=True)
@@ -93,10 +112,17 @@ class _Candidate:
 
 
 def _candidates(
-    totals: Tensor, log_probs: Tensor, rows: range, progress: list[Progress], at_limit: bool, eos_id: int, space
+    totals: Tensor,
+    log_probs: Tensor,
+    rows: range,
+    progress: list[Progress],
+    ends: tuple[bool, int],
+    starts: list[bool] | None,
+    space: SearchSpace,
 ) -> list[_Candidate]:
     """A sentence's candidates: the 2k best extensions, each beam's best, each beam's advancing tokens; best first."""
-    k, width = len(rows), totals.size(1)
+    # ends: (whether the budget is spent, EOS's id); starts: per id, whether it starts a word (None: any id does)
+    (at_limit, eos_id), k, width = ends, len(rows), totals.size(1)
     block = totals[rows.start : rows.stop]  # (k, K)
     pairs = {}
     top = block.reshape(-1).topk(min(2 * k, block.numel()))
@@ -115,7 +141,8 @@ def _candidates(
         if total == -math.inf:
             continue
         token = int(space.to_ids(torch.tensor(p)))
-        out.append(_Candidate(total, r, token, progress[r].advance(token), token == eos_id or at_limit))
+        word = token == eos_id or starts is None or starts[token]
+        out.append(_Candidate(total, r, token, progress[r].advance(token, word), token == eos_id or at_limit))
     return sorted(out, key=lambda c: -c.total)
 
 
@@ -135,56 +162,40 @@ def _allocate(cands: list[_Candidate], k: int) -> list[_Candidate]:
 
 @torch.inference_mode()
 def constrained_beam_search(
-    model: Transformer,
-    src: Tensor,
-    beam_size: int,
-    max_len: MaxLen,
-    phrases: Sequence[Phrases],
-    min_len: int = 0,
-    length_penalty: float = 1.0,
-    length_penalty_kind: str = "gnmt",
-    n_best: int = 1,
-    early_stopping: bool = True,
-    rules: Sequence[Rule] = (),
-) -> tuple[list[list[Hypothesis]], list[bool]]:
-    """Per sentence the n_best hypotheses that contain every phrase, and whether they could (else: unconstrained)."""
-    _check_beam_args(src, beam_size, min_len, length_penalty_kind, n_best)
-    bos_id, eos_id = _special_ids(model, None, None)
-    k, n, device = beam_size, src.size(0), src.device
-
-    def score(log_prob: float, length: int) -> float:
-        return log_prob / _length_penalty(length, length_penalty, length_penalty_kind)
-
-    def bound(step: int):
-        if length_penalty_kind == "none" or length_penalty == 0:  # extending a beam only lowers it: exact
-            return lambda log_prob: log_prob
-        return None if early_stopping else lambda log_prob: score(log_prob, step + 1)
-
-    extra = list(rules)
-    limits = _max_lens(model, src, max_len, eos_id).tolist()
-    space = _space(model, bos_id, eos_id)
+    model: Transformer, src: Tensor, decoding: Decoding, targets: Targets | None = None
+) -> list[list[Hypothesis]]:
+    """Per sentence the n_best hypotheses that contain every phrase of `targets`, best first ([]: none could)."""
+    check_src(src)
+    targets = targets or Targets()
+    bos_id, eos_id = model.cfg.bos_id, model.cfg.eos_id
+    k, n, device = decoding.beam_size, src.size(0), src.device
+    starts = None if targets.word_start is None else targets.word_start.tolist()
+    phrases = targets.phrases or [()] * n
+    limits = budgets(model, src, decoding).tolist()
+    space = search_space(model)
     to_beams = torch.arange(n, device=device).repeat_interleave(k)  # (N*k,) row n*k + j: beam j of sentence n
-    rules = space.rules(min_len) + [rule.select(to_beams) for rule in rules]
+    rules = [rule.select(to_beams) for rule in rules_for(decoding, space, targets.prefixes, device)]
     enc = model.encode(src)
-    enc, cache = _select(enc, model.init_cache(enc), to_beams)
+    enc, cache = select_rows(enc, model.init_cache(enc), to_beams)
     live = torch.full((n, k), -math.inf, device=device)  # (N, k) log-probs of the live beams
     live[:, 0] = 0.0
-    progress = [Progress(tuple(map(tuple, phrases[i]))) for i in range(n) for _ in range(k)]
+    first = [Progress(tuple(map(tuple, p)), whole_words=starts is not None) for p in phrases]
+    progress = [p for p in first for _ in range(k)]  # (N*k,) a beam's progress
     history = src.new_empty((n * k, 0))  # (N*k, t)
     tokens = src.new_full((n * k, 1), bos_id)  # (N*k, 1)
     sentences, finished = list(range(n)), [[] for _ in range(n)]
-    for step in range(max(limits)):
-        log_probs, cache = _next_log_probs(model, tokens, enc, cache, rules, Step(step, history, space, bos_id))
+    for step in range(max(limits, default=0)):
+        log_probs, cache = next_log_probs(model, tokens, enc, cache, rules, Step(step, history, space, bos_id))
         if space.eos is not None:  # EOS once every phrase is met
             log_probs[[r for r, p in enumerate(progress) if not p.done], space.eos] = -math.inf
         totals = live.view(-1, 1) + log_probs  # (R, K)
         rows, parents, next_tokens, next_progress, keep = [], [], [], [], []
         for i, s in enumerate(sentences):
-            span, at_limit = range(i * k, (i + 1) * k), limits[s] <= step + 1
-            cands = _candidates(totals, log_probs, span, progress, at_limit, eos_id, space)
-            finished[s] = _finish(finished[s], cands, history, k, lambda lp, n=step + 1: score(lp, n), eos_id)
+            span, ends = range(i * k, (i + 1) * k), (limits[s] <= step + 1, eos_id)
+            cands = _candidates(totals, log_probs, span, progress, ends, starts, space)
+            finished[s] = _finish(finished[s], cands, history, k, step + 1, decoding, eos_id)
             chosen = _allocate(cands, k)
-            if _done(finished[s], chosen, k, at_limit, bound(step)):
+            if _done(finished[s], chosen, k, ends[0], bound(decoding, step)):
                 continue
             chosen += [None] * (k - len(chosen))  # dead beams: -inf, any parent
             keep.append(i)
@@ -196,38 +207,30 @@ def constrained_beam_search(
         if not keep:
             break
         index = torch.tensor(rows, device=device)  # (N'*k,)
-        enc, cache = _select(enc, cache, index)
+        enc, cache = select_rows(enc, cache, index)
         rules = [rule.select(index) for rule in rules]
         tokens = torch.tensor(next_tokens, device=device).view(-1, 1)  # (N'*k, 1)
-        history = torch.cat([history[index], tokens], dim=1)
+        history = torch.cat([history[index], tokens], dim=1)  # (N'*k, t+1)
         live = torch.tensor(parents, device=device).view(-1, k)  # (N', k)
         progress = next_progress
         sentences = [sentences[i] for i in keep]
-    met = [bool(h) for h in finished]
-    out = [h[:n_best] for h in finished]
-    unmet = [i for i, ok in enumerate(met) if not ok]
-    if unmet:  # the best the model can do without the phrases, said so by `met`
-        index = torch.tensor(unmet, device=device)
-        settings = (min_len, length_penalty, length_penalty_kind, n_best)
-        part, part_rules = src.index_select(0, index), [rule.select(index) for rule in extra]
-        plain = beam_search(model, part, beam_size, max_len, *settings, early_stopping=early_stopping, rules=part_rules)
-        for i, hyps in zip(unmet, plain):
-            out[i] = hyps
-    return out, met
+    return [h[: decoding.n_best] for h in finished]
 
 
-def _finish(hyps: list[Hypothesis], cands: list[_Candidate], history: Tensor, k: int, score, eos_id: int) -> list:
+def _finish(
+    hyps: list[Hypothesis], cands: list[_Candidate], history: Tensor, k: int, length: int, decoding: Decoding, eos: int
+) -> list[Hypothesis]:
     """The sentence's best k finished hypotheses, with the candidates that end having met every phrase."""
     for c in cands:
         if c.ends and c.progress.done:
-            ended = history[c.row].tolist() + ([] if c.token == eos_id else [c.token])
-            hyps.append(Hypothesis(ended, score(c.total), c.total))
+            ended = history[c.row].tolist() + ([] if c.token == eos else [c.token])
+            hyps.append(Hypothesis(ended, score(c.total, length, decoding), c.total))
     return sorted(hyps, key=lambda h: -h.score)[:k]
 
 
 def _done(hyps: list[Hypothesis], live: list[_Candidate], k: int, at_limit: bool, bound) -> bool:
     """A sentence's search is over: its budget is spent, no beam lives, or k hypotheses met every phrase and no live
-    beam is taken to beat the worst of them (`bound`: decode.beam_search's rule; None: stop at once)."""
+    beam is taken to beat the worst of them (`bound`: steps.bound, as beam search; None: stop at once)."""
     if at_limit or not live:
         return True
     if len(hyps) < k:

@@ -33,7 +33,7 @@ class Ensemble(nn.Module):
                     f"{theirs[0]}/{theirs[1]} and {theirs[2]}: an ensemble's models must share one vocabulary"
                 )
         self.members = nn.ModuleList(models)
-        # decode.py reads pad_id and max_positions here: no member may be asked for a position it lacks.
+        # Decoding (steps.budgets) reads pad_id and max_positions here: no member may be asked for a position it lacks.
         self.cfg = dataclasses.replace(first, max_positions=min(m.cfg.max_positions for m in models))
         self._widths = [m.cfg.d_model for m in models]
         # Member i's decoder layers in the joint cache, fixed by the members' depths.

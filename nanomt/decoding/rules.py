@@ -1,4 +1,5 @@
-"""Rules on the next token's scores, applied at the one place decoding masks them (decode._next_log_probs).
+"""Rules on the next token's scores, applied at the one place decoding masks them (steps.next_log_probs), so that a
+search mode never masks a score itself and a new rule is a Decoding field, a class here and a line in `rules_for`.
 
 Each rule is one small class: `apply(scores, step)` changes the (R, K) scores of the R live rows in place, and
 `select(rows)` gives the rule for rows kept or reordered (a beam's parents, sentences dropped once finished), so
@@ -9,15 +10,21 @@ a pruned model's kept ids: `Step.space` maps ids to positions); `Step.history` h
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 from torch import Tensor
 
+from nanomt.core.decoding import Decoding
+
 
 class Space(Protocol):
-    """Where decoding picks (decode._Space): positions of the scores and the ids they stand for."""
+    """Where decoding picks (steps.SearchSpace): positions of the scores and the ids they stand for."""
+
+    banned: list[int]  # positions never picked: PAD and BOS
+    eos: int | None  # EOS's position; None where the model never scores it
 
     def positions(self, ids: Tensor) -> Tensor: ...  # -1 where an id is not scored
 
@@ -94,6 +101,15 @@ class ForcedPrefix(Rule):
     def select(self, rows: Tensor) -> Rule:
         return ForcedPrefix(self.prefix.index_select(0, rows))
 
+    @classmethod
+    def table(cls, prefixes: Sequence[Sequence[int]], device: torch.device) -> ForcedPrefix:
+        """The rule for one prefix a sentence ([] for none)."""
+        width = max(map(len, prefixes))
+        table = torch.full((len(prefixes), width), -1, dtype=torch.long, device=device)  # (B, P)
+        for row, ids in enumerate(prefixes):
+            table[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        return cls(table)
+
 
 @dataclass
 class NoRepeatNgram(Rule):
@@ -128,3 +144,17 @@ class RepetitionPenalty(Rule):
         seen[rows, positions[rows, at]] = True
         penalized = torch.where(scores < 0, scores * self.penalty, scores / self.penalty)
         scores.copy_(torch.where(seen, penalized, scores))
+
+
+def rules_for(decoding: Decoding, space: Space, prefixes: Sequence[Sequence[int]], device: torch.device) -> list[Rule]:
+    """Every rule `decoding` asks for, in the order they apply, for a batch whose sentences start with `prefixes`."""
+    rules: list[Rule] = [Banned(space.banned)]
+    if decoding.min_len:
+        rules.append(MinLength(decoding.min_len, space.eos))
+    if decoding.no_repeat_ngram_size:
+        rules.append(NoRepeatNgram(decoding.no_repeat_ngram_size))
+    if decoding.repetition_penalty != 1.0:
+        rules.append(RepetitionPenalty(decoding.repetition_penalty))
+    if any(prefixes):  # last: a forced token keeps the model's score whatever the rules before it did
+        rules.append(ForcedPrefix.table(prefixes, device))
+    return rules

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +24,8 @@ from nanomt.decoding.ensemble import Ensemble
 from nanomt.decoding.glossary import required_terms
 from nanomt.decoding.pieces import cut_sentence, join_pieces, replace_unknowns
 from nanomt.decoding.quantize import quantize_int8
-from nanomt.decoding.search import Hypothesis, search
+from nanomt.decoding.search import search
+from nanomt.decoding.steps import Hypothesis, Targets
 
 log = logging.getLogger("nanomt")
 ALIGN_BATCH = 32  # sentences a teacher-forced pass reads for their alignments
@@ -141,6 +144,17 @@ def phrase_ids(tokenizer: Tokenizer, sentences: list[str], decoding: Decoding) -
     return [[ids[t] for t in ts] for ts in terms]
 
 
+def word_starts(tokenizer: Tokenizer, vocab_size: int, eos_id: int) -> torch.Tensor:
+    """(V,) True where a target piece starts a word (SentencePiece's "▁"), is punctuation only, or is EOS."""
+    # The tokens after which a glossary term counts as a whole word (nanomt.decoding.constrained).
+    pieces = tokenizer.tgt_pieces(list(range(min(vocab_size, tokenizer.tgt_vocab_size))))
+    punctuation = lambda p: bool(p) and all(unicodedata.category(c).startswith("P") for c in p)  # noqa: E731
+    starts = torch.zeros(vocab_size, dtype=torch.bool)
+    starts[: len(pieces)] = torch.tensor([p.startswith("▁") or punctuation(p) for p in pieces], dtype=torch.bool)
+    starts[eos_id] = True
+    return starts
+
+
 class Translator:
     """A model with its tokenizer and decoding defaults: `translate(list_of_str) -> list_of_str`."""
 
@@ -195,6 +209,11 @@ class Translator:
     def _max_len(self, src_len: int) -> int:
         return self.default_decoding.max_len(src_len, self.cfg.model.max_positions)
 
+    @functools.cached_property
+    def word_start(self) -> torch.Tensor:
+        """(V,) the target ids after which a glossary term is a whole word (word_starts)."""
+        return word_starts(self.tokenizer, self.cfg.model.tgt_vocab_size, self.cfg.model.eos_id)
+
     @property
     def default_decoding(self) -> Decoding:
         """The checkpoint's decoding settings (its config's decode section): what a request changes."""
@@ -237,8 +256,10 @@ class Translator:
             for row, i in enumerate(idx):
                 src[row, : lens[i]] = torch.tensor(ids[i])
             chosen = batch_decoding(decoding, k)
-            targets, phrases = [prepared.prefix[i] for i in idx], [prepared.phrases[i] for i in idx]
-            hyps = search(self.model, src.to(self.device), chosen, targets, phrases)
+            phrases = [prepared.phrases[i] for i in idx]
+            word_start = self.word_start if any(phrases) else None
+            targets = Targets([prepared.prefix[i] for i in idx], phrases, word_start)
+            hyps = search(self.model, src.to(self.device), chosen, targets)
             for i, h in zip(idx, hyps):
                 results[i] = h
             bar.update(len(idx))
@@ -291,9 +312,13 @@ class Translator:
                 texts[i][k] = join_pieces(out)
 
     @torch.inference_mode()
-    def attention(self, sentence: str, beam_size: int = 1) -> SentenceAttention:
-        """Translate one sentence and return every layer's and head's attention weights for it."""
-        decoding = self.default_decoding.replace(beam_size=beam_size, n_best=1)
+    def attention(
+        self, sentence: str, beam_size: int | None = None, decoding: Decoding | None = None, **settings
+    ) -> SentenceAttention:
+        """Translate one sentence (`decoding`, default the checkpoint's at beam 1, with `settings` changed) and return
+        every layer's and head's attention weights for it."""
+        decoding = (decoding or self.default_decoding.replace(beam_size=1)).replace(**settings)
+        decoding = decoding.replace(beam_size=beam_size, n_best=1)
         prepared = prepare(self.tokenizer, self.cfg, [sentence], decoding, None)
         if prepared.cut:
             raise ValueError(f"the sentence is longer than the model's {src_limit(self.cfg)} tokens: no one attention")

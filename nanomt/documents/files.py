@@ -108,7 +108,7 @@ def _library(module: str, package: str):
     try:
         return importlib.import_module(module)
     except ImportError:
-        raise UnsupportedFile(f"this format needs the {package} package (pip install {package})") from None
+        raise UnsupportedFile(f"this format needs the {package} package: pip install 'nanomt[files]'") from None
 
 
 def _decode(data: bytes, what: str) -> str:

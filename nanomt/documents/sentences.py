@@ -6,10 +6,10 @@ import re
 
 import sentencex
 
+from nanomt.core.languages import base_code
+
 # Chosen by measurement against pysbd, sentence-splitter and blingfire: docs/sentence-splitting.md.
 DEFAULT_LANGUAGE = "en"
-# The primary subtag of a BCP 47 / POSIX locale tag: "de" in "de", "DE", "de-DE", "de_AT.UTF-8", "zh-Hans".
-_PRIMARY = re.compile(r"[A-Za-z]{2,3}(?=$|[-_.@])")
 # Double quotation marks and guillemets (single ones are apostrophes too; masking them measured worse).
 QUOTE_MARKS = '"\u201c\u201d\u201e\u00ab\u00bb\u2039\u203a'
 _QUOTES = re.compile(f"[{QUOTE_MARKS}]")
@@ -18,9 +18,8 @@ _QUOTES = re.compile(f"[{QUOTE_MARKS}]")
 def language_code(lang: str | None) -> str:
     """The language sentencex's rules are looked up by: 'de-DE' -> 'de'; None, '' or 'auto' -> DEFAULT_LANGUAGE."""
     # sentencex knows only bare codes: "de-DE" would silently get English rules ("3. Oktober" ends a sentence).
-    match = _PRIMARY.match((lang or "").strip())  # "auto" (4 letters) and other non-codes do not match
     # A code without rules of its own falls back inside sentencex, along related languages to English last.
-    return DEFAULT_LANGUAGE if match is None else match.group(0).lower()
+    return base_code(lang) or DEFAULT_LANGUAGE
 
 
 def sentence_spans(text: str, lang: str | None = None) -> list[tuple[int, int]]:

@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from nanomt.core.config import Config, language_codes
+from nanomt.core.config import Config
 from nanomt.core.decoding import Decoding
+from nanomt.core.languages import PLACEHOLDERS, language_pair
 from nanomt.core.tokenizer import Tokenizer
 from nanomt.decoding.translate import Translator, src_limit
 from nanomt.documents import files, markup
@@ -37,9 +38,9 @@ class Source:
     @classmethod
     def of(cls, cfg: Config, tokenizer: Tokenizer, lang: str | None = None) -> Source:
         """A run's source side: its language (`lang`, else its config's), its positions, its tokenizer."""
-        code = lang or language_codes(cfg)[0]
+        code = lang or (language_pair(cfg.data) or (None, None))[0]
         count = lambda texts: [len(ids) for ids in tokenizer.encode_src(texts)]  # noqa: E731
-        return cls(None if code == "src" else code, src_limit(cfg), count)
+        return cls(None if code in PLACEHOLDERS else code, src_limit(cfg), count)
 
     def split(self, text: str) -> list[str]:
         return split_sentences(text, self.lang)

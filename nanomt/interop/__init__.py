@@ -1,21 +1,27 @@
 """Other toolkits' checkpoints in (Hugging Face Marian) as nanomt run directories, and ours out (CTranslate2, ONNX,
-Hugging Face Marian, Argos Translate packages)."""
+Hugging Face Marian, Argos Translate packages).
 
-from nanomt.interop.argos import ArgosExportError, export_argos
-from nanomt.interop.ct2 import Ct2ExportError, Ct2Translator, export_ct2
-from nanomt.interop.marian import MarianImportError, import_marian
-from nanomt.interop.marian_export import MarianExportError, export_marian
-from nanomt.interop.onnx import export_onnx
+The names load with their module when first used: the CTranslate2 side (`ct2`, `argos`) runs without torch.
+"""
 
-__all__ = [
-    "ArgosExportError",
-    "Ct2ExportError",
-    "Ct2Translator",
-    "MarianExportError",
-    "MarianImportError",
-    "export_argos",
-    "export_ct2",
-    "export_marian",
-    "export_onnx",
-    "import_marian",
-]
+import importlib
+
+_MODULES = {
+    "ArgosExportError": "argos",
+    "export_argos": "argos",
+    "Ct2ExportError": "ct2",
+    "Ct2Translator": "ct2",
+    "export_ct2": "ct2",
+    "MarianImportError": "marian",
+    "import_marian": "marian",
+    "MarianExportError": "marian_export",
+    "export_marian": "marian_export",
+    "export_onnx": "onnx",
+}
+__all__ = sorted(_MODULES)
+
+
+def __getattr__(name: str):
+    if name not in _MODULES:
+        raise AttributeError(f"module 'nanomt.interop' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"nanomt.interop.{_MODULES[name]}"), name)

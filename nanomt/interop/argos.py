@@ -32,12 +32,11 @@ from pathlib import Path
 
 import yaml
 
+from nanomt.core.config import config_from_dict
+from nanomt.core.languages import is_code, language_pair
 from nanomt.interop.ct2 import export_ct2, read_model_config, run_files, sentencepiece_models, vocabularies
 
 ARGOS_VERSION = "1.9.0"  # the package format of the Argos index's current packages
-PACKAGE_CODE = re.compile(r"[a-z]{2,3}(?:[-_][A-Za-z0-9]{2,8})?")
-# Training files named train.src/train.tgt give these suffixes: placeholders, not language codes.
-PLACEHOLDER_CODES = ("src", "tgt")
 LANGUAGE_TAG = re.compile(r">>[^<>\s]+<<")
 
 
@@ -45,27 +44,10 @@ class ArgosExportError(ValueError):
     """A run, or an option, that an Argos Translate package cannot carry."""
 
 
-def language_pair(config: dict) -> tuple[str, str] | None:
-    """The run's (source, target) codes from its config.yaml: the Hugging Face dataset's, else the training files'
-    suffixes (train.de, train.en); None when the run names none."""
-    data = config.get("data") or {}
-    hf = data.get("hf") or {}
-    if hf.get("src_lang") and hf.get("tgt_lang"):
-        return hf["src_lang"], hf["tgt_lang"]
-    corpora = data.get("train") or {}
-    corpora = corpora if isinstance(corpora, list) else [corpora]
-    pairs = {(Path(c["src"]).suffix[1:], Path(c["tgt"]).suffix[1:]) for c in corpora if c.get("src") and c.get("tgt")}
-    if len(pairs) != 1:  # none, or corpora that disagree
-        return None
-    [(src, tgt)] = pairs
-    if src == tgt or (src, tgt) == PLACEHOLDER_CODES or not all(PACKAGE_CODE.fullmatch(c) for c in (src, tgt)):
-        return None
-    return src, tgt
-
-
-def _languages(config: dict, source: str | None, target: str | None) -> tuple[str, str]:
-    """The package's codes: the options, else the run's."""
-    found = language_pair(config) or (None, None)
+def _languages(config_path: Path, source: str | None, target: str | None) -> tuple[str, str]:
+    """The package's codes: the options, else the run's (language_pair of its config.yaml's data section)."""
+    raw = yaml.safe_load(config_path.read_text(encoding="utf-8")) or {}
+    found = language_pair(config_from_dict({"data": raw.get("data") or {}}).data) or (None, None)
     source, target = source or found[0], target or found[1]
     if not source or not target:
         raise ArgosExportError(
@@ -73,7 +55,7 @@ def _languages(config: dict, source: str | None, target: str | None) -> tuple[st
             "train.en): give the codes (--source de --target en)"
         )
     for code in (source, target):
-        if not PACKAGE_CODE.fullmatch(code):
+        if not is_code(code):
             raise ArgosExportError(f"{code!r} is not a language code such as de, en or pt-BR")
     if source == target:
         raise ArgosExportError(f"the source and target languages are both {source!r}")
@@ -138,8 +120,7 @@ def export_argos(
     if not re.fullmatch(r"[0-9]+(\.[0-9]+)*", package_version):
         raise ArgosExportError(f"package version {package_version!r}: use numbers and dots, such as 1.0")
     config_path, tokenizer_dir = run_files(run)
-    config = yaml.safe_load(config_path.read_text(encoding="utf-8"))
-    source, target = _languages(config, source, target)
+    source, target = _languages(config_path, source, target)
     names = (names[0] or source, names[1] or target)
     model, _ = read_model_config(config_path)
     check_tokenizer(tokenizer_dir, model)

@@ -1,8 +1,9 @@
 """Export to CTranslate2, and decoding with the export by nanomt's rules (the same outputs as nanomt's Translator).
 
-This module never imports torch, nor a nanomt module (`import nanomt` imports torch): CTranslate2 in a process
-that has imported torch ran ~2.5x slower (two OpenMP runtimes), so the checkpoint is read with safetensors'
-numpy loader and PyYAML, and a torch-free process may load this file on its own (benchmarks/ct2_convert.py does).
+This module never imports torch, nor a nanomt module that does (nanomt.core.decoding is standard library only):
+CTranslate2 in a process that has imported torch ran ~2.5x slower (two OpenMP runtimes), so the checkpoint is read
+with safetensors' numpy loader and PyYAML, and a torch-free process may load this file on its own
+(benchmarks/ct2_convert.py does).
 The `nanomt export ct2` command converts in its own (torch) process: only translation speed would suffer there.
 
 What CTranslate2 expresses, and how nanomt's options map onto it:
@@ -26,11 +27,9 @@ What CTranslate2 expresses, and how nanomt's options map onto it:
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import shutil
-import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -38,6 +37,8 @@ import numpy as np
 import sentencepiece as spm
 import yaml
 from safetensors.numpy import load_file
+
+from nanomt.core.decoding import Decoding
 
 CONFIG, TOKENIZER, WEIGHTS = "config.yaml", "tokenizer", "model.safetensors"
 # The run's config.yaml, kept next to CTranslate2's files: the decoding settings and special ids travel with it.
@@ -62,21 +63,6 @@ MODEL_DEFAULTS = {
     "bos_id": 2,
     "eos_id": 3,
 }
-
-
-def _standalone(name: str):
-    """nanomt/core/<name>.py loaded by its path, without nanomt/__init__.py (which imports torch)."""
-    key = f"nanomt_{name}_standalone"
-    if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            key, Path(__file__).resolve().parent.parent / "core" / f"{name}.py"
-        )
-        sys.modules[key] = module = importlib.util.module_from_spec(spec)  # dataclasses look their module up
-        spec.loader.exec_module(module)
-    return sys.modules[key]
-
-
-Decoding = _standalone("decoding").Decoding
 
 
 class Ct2ExportError(ValueError):

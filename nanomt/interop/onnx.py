@@ -1,18 +1,19 @@
-"""Export to ONNX: the encoder, and one decoder step that takes and returns the self-attention key/value cache.
+"""Export to ONNX: the model's own encoder, and its decoder step with the self-attention key/value cache in and out.
 
     encoder.onnx       src (B, S) int64 -> memory (B, S, D)
     decoder_step.onnx  tokens (B, 1) int64, memory (B, S, D), src_mask (B, S) bool (True on real tokens),
                        past_keys, past_values (L, B, H, T, K) -> logits (B, V), keys, values (L, B, H, T+1, K)
 
-B, S and T are dynamic; the first step passes T = 0 (empty caches). Everything else nanomt's options give the model
-(pre- or post-norm, shared/tied embeddings, either sinusoid layout or learned positions, the output bias,
-restrict_output's -inf logits) is in the graphs, so nothing is refused. `greedy` is the decoding loop over the two
-graphs with ONNX Runtime, nanomt's greedy rules in numpy. The run's tokenizer/ and config.yaml (as nanomt.yaml)
-are copied next to the graphs.
+B, S and T are dynamic; the first step passes T = 0 (empty caches). The graphs are traces of `Transformer.encode` and
+`Transformer.decode`, so everything nanomt's options give the model (pre- or post-norm, shared/tied embeddings,
+either sinusoid layout or learned positions, the output bias, restrict_output's -inf logits) is in them and nothing
+is refused. `greedy` is the decoding loop over the two graphs with ONNX Runtime, nanomt's greedy rules in numpy. The
+run's tokenizer/ and config.yaml (as nanomt.yaml) are copied next to the graphs.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import warnings
 from pathlib import Path
@@ -23,7 +24,7 @@ import torch.nn as nn
 from torch import Tensor
 
 from nanomt.core.checkpoint import find_run_files, load_checkpoint
-from nanomt.core.model import Transformer, attention, merge_heads, split_heads
+from nanomt.core.model import DecoderCache, Encoded, Transformer
 
 ENCODER, DECODER_STEP, EXPORTED_CONFIG = "encoder.onnx", "decoder_step.onnx", "nanomt.yaml"
 OPSET = 17
@@ -31,76 +32,43 @@ INSTALL_HINT = "pip install 'nanomt[export]'"
 
 
 class EncoderGraph(nn.Module):
-    """src (B, S) -> memory (B, S, D)."""
+    """src (B, S) -> memory (B, S, D): `Transformer.encode`."""
 
     def __init__(self, model: Transformer):
         super().__init__()
         self.model = model
 
     def forward(self, src: Tensor) -> Tensor:
-        # model.encode, with padding_mask's in-place fix-up of all-padding rows written as an expression.
-        mask = src != self.model.cfg.pad_id  # (B, S)
-        first = torch.cumsum(torch.ones_like(src), dim=1) == 1  # (B, S) True at position 0
-        mask = (mask | (first & ~mask.any(dim=1, keepdim=True)))[:, None, None, :]  # (B, 1, 1, S)
-        x = self.model.src_embed(src)
-        for layer in self.model.encoder:
-            x, _ = layer(x, mask)
-        return self.model.encoder_norm(x)
+        return self.model.encode(src).memory
 
 
 class DecoderStepGraph(nn.Module):
-    """One decoding step on explicit tensors: the cache goes in and comes out one position longer."""
-
-    # model.decode writes into preallocated buffers at a Python-int position; a graph needs the position as data
-    # and the cache as plain tensors, so the step is spelled out here with the model's own modules.
+    """One `Transformer.decode` step on explicit tensors: the cache goes in and comes out one position longer."""
 
     def __init__(self, model: Transformer):
         super().__init__()
         self.model = model
 
-    def embed(self, tokens: Tensor, step: Tensor) -> Tensor:
-        """tokens (B, 1) at position `step` (a 0-d tensor) -> (B, 1, D), as the model's target Embedding."""
-        e = self.model.tgt_embed
-        table = e.positions.weight if e.positions is not None else e.table  # (P, D)
-        return e.tokens(tokens) * e.scale + table.index_select(0, step.view(1))  # (B, 1, D)
-
     def forward(
         self, tokens: Tensor, memory: Tensor, src_mask: Tensor, past_keys: Tensor, past_values: Tensor
     ) -> tuple[Tensor, Tensor, Tensor]:
-        # The cache's length as data: a count over its time axis stays dynamic in the graph (a Python int would not).
-        step = torch.ones_like(past_keys[0, 0, 0, :, 0]).sum().long()
-        x = self.embed(tokens, step)
-        mask = src_mask[:, None, None, :]  # (B, 1, 1, S)
-        keys, values = [], []
-        for i, layer in enumerate(self.model.decoder):
-            x, k, v = self.layer(layer, x, memory, mask, past_keys[i], past_values[i])
-            keys.append(k)
-            values.append(v)
-        logits = self.model.logits(self.model.decoder_norm(x))[:, -1]  # (B, V)
-        return logits, torch.stack(keys), torch.stack(values)  # (L, B, H, T+1, K) each
+        enc = Encoded(memory, src_mask[:, None, None, :])  # (B, 1, 1, S)
+        # A cache of exactly T+1 positions: decode writes the new key/value into the last one and never grows it.
+        # Traced, the cache's length T is data (the past's size, not a Python int), so the graph takes any T.
+        keys, values = with_room(past_keys), with_room(past_values)  # (L, B, H, T+1, K)
+        layers = tuple(
+            dataclasses.replace(c, self_k=k, self_v=v)  # the model's cross-attention K/V, these self-attention ones
+            for c, k, v in zip(self.model.init_cache(enc).layers, keys.unbind(0), values.unbind(0))
+        )
+        out = self.model.decode(tokens, enc, DecoderCache(layers, past_keys.size(3)))
+        keys = torch.stack([c.self_k for c in out.cache.layers])  # (L, B, H, T+1, K)
+        values = torch.stack([c.self_v for c in out.cache.layers])
+        return out.logits[:, -1], keys, values  # logits (B, V)
 
-    @staticmethod
-    def self_attention(attn: nn.Module, x: Tensor, past_k: Tensor, past_v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """SelfAttention with the new key/value appended to the past ones (B, H, T, K)."""
-        q, k, v = (split_heads(z, attn.n_heads) for z in attn.qkv(x).chunk(3, dim=-1))  # 3 x (B, H, 1, K)
-        k, v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)  # (B, H, T+1, K)
-        y, _ = attention(q, k, v)  # the one new query may see every position so far
-        return attn.out(merge_heads(y)), k, v
 
-    def layer(self, layer: nn.Module, x: Tensor, memory: Tensor, mask: Tensor, past_k: Tensor, past_v: Tensor):
-        """nanomt.core.model.DecoderLayer.forward for one new position (eval mode: no dropout)."""
-        cross_kv = layer.cross_attn.memory_kv(memory)
-        if layer.norm_first:
-            h, k, v = self.self_attention(layer.self_attn, layer.norm1(x), past_k, past_v)
-            x = x + h
-            x = x + layer.cross_attn(layer.norm2(x), cross_kv, mask)[0]
-            x = x + layer.ffn(layer.norm3(x))
-        else:
-            h, k, v = self.self_attention(layer.self_attn, x, past_k, past_v)
-            x = layer.norm1(x + h)
-            x = layer.norm2(x + layer.cross_attn(x, cross_kv, mask)[0])
-            x = layer.norm3(x + layer.ffn(x))
-        return x, k, v
+def with_room(past: Tensor) -> Tensor:
+    """(L, B, H, T, K) -> (L, B, H, T+1, K): the past and one zero position after it."""
+    return torch.cat([past, past.new_zeros(*past.shape[:3], 1, past.size(4))], dim=3)
 
 
 def empty_cache(model_cfg, batch: int) -> np.ndarray:
@@ -112,18 +80,30 @@ def empty_cache(model_cfg, batch: int) -> np.ndarray:
 def export_onnx(run: str | Path, out: str | Path) -> Path:
     """Write encoder.onnx and decoder_step.onnx (plus tokenizer/ and nanomt.yaml) for a nanomt checkpoint."""
     run, out = Path(run), Path(out)
-    model, cfg, _ = load_checkpoint(run)
+    model, _, _ = load_checkpoint(run)
     config_path, tokenizer_dir = find_run_files(run)
-    m = cfg.model
+    export_graphs(model, out)
+    shutil.copytree(tokenizer_dir, out / "tokenizer", dirs_exist_ok=True)
+    shutil.copyfile(config_path, out / EXPORTED_CONFIG)
+    return out
+
+
+def export_graphs(model: Transformer, out: Path) -> None:
+    """Trace an eval-mode model's encode and decode into out/encoder.onnx and out/decoder_step.onnx."""
+    m = model.cfg
     if m.n_decoder_layers < 1:
         raise ValueError("an ONNX decoder step needs at least one decoder layer (n_decoder_layers: 0)")
+    if model.training:
+        raise ValueError("export a model in eval mode: a trace in train mode would keep its dropout")
     out.mkdir(parents=True, exist_ok=True)
     src = torch.tensor([[5, 6, 7, m.eos_id], [5, 6, m.eos_id, m.pad_id]])  # (B, S): any ids, padding included
-    memory = model.encode(src).memory
+    with torch.no_grad():
+        memory = model.encode(src).memory
     past = torch.zeros(m.n_decoder_layers, 2, m.n_heads, 3, m.d_model // m.n_heads)  # an example with 3 positions
     step_args = (torch.tensor([[m.bos_id], [m.bos_id]]), memory, src != m.pad_id, past, past)
     with torch.no_grad(), warnings.catch_warnings():
-        # The tracer warns about every Python-level check on a shape (max_positions, the output mask's size).
+        # The tracer warns about every Python-level check on a shape (max_positions, the cache's capacity): each is
+        # fixed at its traced outcome, which holds for any input (decode's cache never grows here, see above).
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
         # The TorchScript exporter on purpose (torch's newer one needs onnxscript); it warns of its own deprecation.
         warnings.simplefilter("ignore", DeprecationWarning)
@@ -157,9 +137,6 @@ def export_onnx(run: str | Path, out: str | Path) -> Path:
             opset_version=OPSET,
             dynamo=False,
         )
-    shutil.copytree(tokenizer_dir, out / "tokenizer", dirs_exist_ok=True)
-    shutil.copyfile(config_path, out / EXPORTED_CONFIG)
-    return out
 
 
 def sessions(onnx_dir: str | Path, threads: int = 1):

@@ -2,11 +2,31 @@
 
 settings.py holds the settings (ServeConfig), models.py the models and their routing, app.py the app factory and
 the decoding queue, api.py nanomt's API, libretranslate.py LibreTranslate's, metrics.py and errors.py the rest.
+
+The names below are imported when first used, so that `nanomt.serve.settings` (the `nanomt serve` flags) imports
+without FastAPI, which is an extra: `pip install 'nanomt[serve]'`.
 """
 
-from nanomt.serve.app import create_app
-from nanomt.serve.models import ModelSet
-from nanomt.serve.run import serve
-from nanomt.serve.settings import ModelSpec, ServeConfig
+import importlib
 
-__all__ = ["ModelSet", "ModelSpec", "ServeConfig", "create_app", "serve"]
+# Each public name and the module it lives in.
+_PUBLIC = {
+    "ModelSet": "nanomt.serve.models",
+    "ModelSpec": "nanomt.serve.settings",
+    "ServeConfig": "nanomt.serve.settings",
+    "create_app": "nanomt.serve.app",
+    "serve": "nanomt.serve.run",
+}
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str):
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'nanomt.serve' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_PUBLIC[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_PUBLIC])

@@ -90,9 +90,14 @@ def add_routes(app: FastAPI, server) -> None:
         server.check_key(request, req.api_key, len(req.text))
         check_size([req.text], 1, server.config.max_chars)
         model = _one_model(server, req)
+        try:
+            decoding = req.decoding(server.defaults(model))
+            prepare(model.tokenizer, model.cfg, [req.text], decoding, None)
+        except ValueError as e:
+            raise HTTPException(400, str(e)) from None
         start = time.perf_counter()
         # Decoded alone (a key of its own), in its turn in the queue.
-        key = ("attention", req.beam_size or server.beam(model), object())
+        key = ("attention", decoding, object())
         [att] = await server.decode(request, model, key, [req.text])
         return AttentionResponse(
             src_tokens=att.src_tokens,

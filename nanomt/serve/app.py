@@ -72,7 +72,7 @@ class Server:
         if key[1] == "align":  # items: sentences
             return translator.alignments(items, key[2], max_tokens)
         if key[1] == "attention":
-            return [translator.attention(items[0], beam_size=key[2])]
+            return [translator.attention(items[0], decoding=key[2])]
         raise ValueError(f"unknown kind of job {key[1]!r}")
 
     async def decode(self, request: Request, model: Model, key: tuple, items: list) -> list:

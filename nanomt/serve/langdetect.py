@@ -10,6 +10,8 @@ import threading
 from collections.abc import Iterable
 from functools import cache, lru_cache
 
+from nanomt.core.languages import base_code
+
 INSTALL_HINT = "pip install 'nanomt[serve]'"
 # LibreTranslate's codes that are no ISO 639-1 code: Traditional Chinese, Brazilian Portuguese; and Norwegian,
 # which lingua knows as Bokmål.
@@ -29,15 +31,13 @@ def _lingua():
     return lingua
 
 
-def base_code(code: str) -> str:
-    """The language a served code names, as ISO 639: 'pt-BR' -> 'pt', 'zt' -> 'zh'."""
-    base = code.replace("_", "-").split("-")[0].lower()
-    return ALIASES.get(base, base)
-
-
 @cache
-def _language(base: str):
-    """lingua's Language for an ISO 639-1 or 639-3 code, or None."""
+def _language(code: str):
+    """lingua's Language for a served code ('de', 'deu', 'pt-BR', LibreTranslate's 'zt'), or None."""
+    base = base_code(code)
+    base = ALIASES.get(base, base)
+    if base is None:
+        return None
     lingua = _lingua()
     try:
         if len(base) == 2:
@@ -49,7 +49,7 @@ def _language(base: str):
 
 def detectable(candidates: Iterable[str]) -> list[str]:
     """The candidates the detector knows the language of (a toy pair's 'src' is none)."""
-    return [c for c in candidates if _language(base_code(c)) is not None]
+    return [c for c in candidates if _language(c) is not None]
 
 
 @lru_cache(maxsize=64)
@@ -72,7 +72,7 @@ def detect(text: str, candidates: Iterable[str]) -> list[tuple[str, float]]:
         raise LanguageDetectionError("no candidate languages to detect")
     if len(candidates) == 1:  # nothing to choose
         return [(candidates[0], 100.0)] if any(ch.isalpha() for ch in text) else []
-    known = {c: _language(base_code(c)) for c in detectable(candidates)}
+    known = {c: _language(c) for c in detectable(candidates)}
     if not known:
         raise LanguageDetectionError(f"cannot tell {', '.join(candidates)} apart: no language the detector knows")
     if not any(ch.isalpha() for ch in text):

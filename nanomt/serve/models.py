@@ -10,7 +10,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from nanomt.core.checkpoint import CheckpointError, find_run_files
-from nanomt.core.config import Config, ConfigError, language_codes, load_config
+from nanomt.core.config import Config, ConfigError, load_config
+from nanomt.core.languages import PLACEHOLDERS, language_pair
 from nanomt.core.tokenizer import Tokenizer
 from nanomt.decoding.translate import Translator
 
@@ -22,6 +23,11 @@ LANGUAGE_NAMES = {
     "pl": "Polish", "pt": "Portuguese", "ro": "Romanian", "ru": "Russian", "sv": "Swedish", "tr": "Turkish",
     "uk": "Ukrainian", "zh": "Chinese",
 }  # fmt: skip
+
+
+def served_pair(cfg: Config) -> tuple[str, str]:
+    """The pair a run is served as when none is given: its config's, else src-tgt (the toy pair's files)."""
+    return language_pair(cfg.data) or PLACEHOLDERS
 
 
 class NoRoute(ValueError):
@@ -64,7 +70,7 @@ class ModelSet:
     @classmethod
     def of(cls, translator: Translator, languages: tuple[str, str] | None = None) -> ModelSet:
         """One model, given loaded."""
-        source, target = languages or language_codes(translator.cfg)
+        source, target = languages or served_pair(translator.cfg)
         return cls([Model(source, target, translator.cfg, translator.tokenizer, translator=translator)])
 
     @classmethod
@@ -78,7 +84,7 @@ class ModelSet:
                 cfg, tokenizer = load_config(config_path), Tokenizer.load(tokenizer_dir)
             except (CheckpointError, ConfigError, OSError, ValueError) as e:
                 raise CheckpointError(f"{spec.path}: cannot serve it: {e}") from None
-            source, target = language_codes(cfg)
+            source, target = served_pair(cfg)
             models.append(Model(spec.source or source, spec.target or target, cfg, tokenizer, path=spec.path))
         return cls(models, pivot, max_loaded, device, int8)
 

@@ -21,7 +21,8 @@ def serve(config: ServeConfig) -> None:
     if config.max_loaded is None or config.max_loaded >= len(models.models):
         for model in models.models:  # everything fits: loaded now, so the first request does not wait
             models.translator(model)
-    if config.device.startswith("cpu"):  # as nanomt translate: decoding's large blocks kept in the heap (nanomt.cli)
+    # As `nanomt translate` does (nanomt/cli/models.py): decoding's large blocks kept in the heap.
+    if config.device.startswith("cpu"):
         runtime.keep_freed_memory()
     app = create_app(models, config)
     if config.access_log:

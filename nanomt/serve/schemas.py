@@ -44,10 +44,9 @@ def _no_lone_surrogate(text):
 Text = Annotated[StrictStr, BeforeValidator(_no_lone_surrogate)]
 
 
-class TranslateRequest(BaseModel):
-    """Sentences to translate; one string is taken as a list of one. Any sampling setting samples instead."""
+class DecodingRequest(BaseModel):
+    """The decoding settings a request may change (any sampling setting samples instead); the server's otherwise."""
 
-    text: list[Text] = Field(min_length=1, description="sentences (a single string is accepted)")
     beam_size: BeamSize | None = Field(default=None, ge=1, le=MAX_BEAM, description="default: the server's")
     temperature: StrictFloat | None = Field(
         default=None, gt=0, allow_inf_nan=False, description="sample at this temperature (default 1 when sampling)"
@@ -57,15 +56,52 @@ class TranslateRequest(BaseModel):
     seed: StrictInt | None = Field(
         default=None, ge=0, lt=2**64, description="makes sampling reproducible (default: a fresh draw)"
     )
-    prefix: list[Text | None] | None = Field(
-        default=None, description="per sentence, target text its translation starts with (null: none)"
-    )
     glossary: list[tuple[Text, Text]] | dict[Text, Text] | None = Field(
         default=None, description="[source term, target term] pairs (or an object): terms the translations use"
     )
     no_repeat_ngram_size: StrictInt | None = Field(default=None, ge=0, description="no n-gram twice (0: off)")
     repetition_penalty: StrictFloat | None = Field(
         default=None, gt=0, allow_inf_nan=False, description="> 1 discourages repeated tokens (1: off)"
+    )
+
+    @model_validator(mode="after")
+    def _sampling_or_beam(self):
+        if not self.sampling():
+            if self.seed is not None:
+                raise PydanticCustomError(
+                    "seed_without_sampling", "seed applies to sampling: set temperature, top_k or top_p too"
+                )
+        elif self.beam_size not in (None, 1):
+            raise PydanticCustomError(
+                "beam_with_sampling", "beam_size: sampling draws one translation, so beam_size must be 1 or left out"
+            )
+        return self
+
+    def decoding(self, defaults: Decoding) -> Decoding:
+        """The request's settings over the server's: built and checked here, where the request enters."""
+        pairs = self.glossary.items() if isinstance(self.glossary, dict) else self.glossary
+        return defaults.replace(
+            beam_size=self.beam_size,
+            sampling=self.sampling(),
+            no_repeat_ngram_size=self.no_repeat_ngram_size,
+            repetition_penalty=self.repetition_penalty,
+            glossary=None if pairs is None else checked(list(pairs), "glossary"),
+        )
+
+    def sampling(self) -> dict | None:
+        """The request's nanomt.core.decoding.Sampling fields, or None to search (greedy or beam)."""
+        if all(getattr(self, k) is None for k in SAMPLING):
+            return None
+        settings = {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "seed": self.seed}
+        return {k: v for k, v in settings.items() if v is not None}
+
+
+class TranslateRequest(DecodingRequest):
+    """Sentences to translate; one string is taken as a list of one."""
+
+    text: list[Text] = Field(min_length=1, description="sentences (a single string is accepted)")
+    prefix: list[Text | None] | None = Field(
+        default=None, description="per sentence, target text its translation starts with (null: none)"
     )
     split: StrictBool = Field(
         default=False,
@@ -88,16 +124,7 @@ class TranslateRequest(BaseModel):
         return [v] if isinstance(v, str) else v
 
     @model_validator(mode="after")
-    def _sampling_or_beam(self):
-        if not self.sampling():
-            if self.seed is not None:
-                raise PydanticCustomError(
-                    "seed_without_sampling", "seed applies to sampling: set temperature, top_k or top_p too"
-                )
-        elif self.beam_size not in (None, 1):
-            raise PydanticCustomError(
-                "beam_with_sampling", "beam_size: sampling draws one translation, so beam_size must be 1 or left out"
-            )
+    def _prefixes_fit(self):
         if self.split and self.prefix is not None:
             raise PydanticCustomError(
                 "prefix_with_split", "prefix forces the start of one sentence's translation: not with split"
@@ -108,24 +135,6 @@ class TranslateRequest(BaseModel):
                 {"n": len(self.text), "m": len(self.prefix)},
             )  # fmt: skip
         return self
-
-    def decoding(self, defaults: Decoding) -> Decoding:
-        """The request's settings over the server's: built and checked here, where the request enters."""
-        pairs = self.glossary.items() if isinstance(self.glossary, dict) else self.glossary
-        return defaults.replace(
-            beam_size=self.beam_size,
-            sampling=self.sampling(),
-            no_repeat_ngram_size=self.no_repeat_ngram_size,
-            repetition_penalty=self.repetition_penalty,
-            glossary=None if pairs is None else checked(list(pairs), "glossary"),
-        )
-
-    def sampling(self) -> dict | None:
-        """The keyword arguments of decode.sample, or None to search (greedy or beam)."""
-        if all(getattr(self, k) is None for k in SAMPLING):
-            return None
-        settings = {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "seed": self.seed}
-        return {k: v for k, v in settings.items() if v is not None}
 
 
 class TranslateResponse(BaseModel):
@@ -142,11 +151,10 @@ class TranslateResponse(BaseModel):
     route: list[str] | None = None
 
 
-class AttentionRequest(BaseModel):
-    """One sentence whose translation and cross-attention to return."""
+class AttentionRequest(DecodingRequest):
+    """One sentence whose translation and cross-attention to return, decoded with the settings /translate takes."""
 
     text: Text = Field(min_length=1)
-    beam_size: BeamSize | None = Field(default=None, ge=1, le=MAX_BEAM)
     source: StrictStr | None = Field(default=None, description="source language code (default: the first model's)")
     target: StrictStr | None = Field(default=None, description="target language code (default: the first model's)")
     api_key: StrictStr | None = Field(default=None, description="the server's API key, when it asks for one")

@@ -1,16 +1,19 @@
-"""The server's settings: one frozen ServeConfig, checked once where it is built (the CLI's defaults are its own)."""
+"""The server's settings: one frozen ServeConfig, checked once where it is built; its fields are `nanomt serve`'s flags.
+
+Standard library only (the glossary reader imported when a file is read): `nanomt serve --help` needs no FastAPI.
+"""
 
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field
+
+from nanomt.core.languages import PAIR_CODE
 
 MAX_BEAM = 16
 # Each language pair is served by one run: "runs/de_en", or "de-en=runs/de_en" to name its pair.
-PAIR_SPEC = re.compile(
-    r"^(?P<source>[A-Za-z]{2,3}(?:_[A-Za-z0-9]+)?)-(?P<target>[A-Za-z]{2,3}(?:_[A-Za-z0-9]+)?)=(?P<path>.+)$"
-)
+PAIR_SPEC = re.compile(rf"^(?P<source>{PAIR_CODE})-(?P<target>{PAIR_CODE})=(?P<path>.+)$")
 
 
 @dataclass(frozen=True)
@@ -28,32 +31,102 @@ class ModelSpec:
         return cls(m["path"], m["source"], m["target"]) if m else cls(text)
 
 
+def read_models(texts: list[str]) -> tuple[ModelSpec, ...]:
+    """The models `nanomt serve` takes: `RUN` or `SRC-TGT=RUN` each."""
+    return tuple(ModelSpec.parse(text) for text in texts)
+
+
+def read_glossary_file(path: str) -> tuple[tuple[str, str], ...]:
+    """A glossary file ('source term<TAB>target term' lines) as ServeConfig's glossary."""
+    from nanomt.decoding.glossary import read_glossary
+
+    return read_glossary(path)
+
+
+def setting(default=MISSING, *, help: str, flag: str | None = None, metavar: str | None = None, read=None, **kw):
+    """A ServeConfig field that `nanomt serve` takes: its flag is --NAME (or `flag`; "" for the positional
+    argument), its type the field's, its default the field's (%(default)s in `help` shows it). A bool flag flips
+    the default (store_true for False, store_false for True, so name it for what it does). `read` turns the given
+    string (or the positional's list) into the value, and a flag with `read` is left out when not given."""
+    metadata = {"help": help, "flag": flag, "metavar": metavar, "read": read}
+    return field(default=default, metadata=metadata, **kw)
+
+
 @dataclass(frozen=True)
 class ServeConfig:
-    """How `nanomt serve` serves its models: limits, batching, keys, decoding defaults, where it listens."""
+    """How `nanomt serve` serves its models: limits, batching, keys, decoding defaults, where it listens.
 
-    host: str = "127.0.0.1"
-    port: int = 8000
-    max_sentences: int = 64  # sentences a request may hold
-    max_chars: int = 10_000  # characters a request may hold
-    default_beam: int | None = None  # None: each model's decode.beam_size
-    max_batch_tokens: int | None = None  # None: each model's decode.max_tokens
-    batching: bool = True  # False: each request decoded alone (no shared batches), to compare with
-    max_wait_ms: float = 5.0
-    queue_size: int = 256
-    timeout: float | None = 60.0
-    api_key: str | None = None
-    keys_file: str | None = None  # several keys with limits of their own (nanomt/serve/keys.py's format)
-    req_limit: int | None = None  # a key's requests a minute where its line gives none (None: no limit)
-    char_limit: int | None = None  # a key's characters a request where its line gives none (None: no limit)
+    A field made with `setting` is a flag of `nanomt serve` (nanomt/cli/parser.py writes them from these fields);
+    the others are set only through the Python API (create_app).
+    """
+
+    host: str = setting("127.0.0.1", help="address to bind (default %(default)s: this machine only)")
+    port: int = setting(8000, help="port to listen on (default %(default)s)")
+    max_sentences: int = setting(64, help="sentences a request may hold (default %(default)s)")
+    max_chars: int = setting(10_000, help="characters a request may hold (default %(default)s)")
+    default_beam: int | None = setting(None, flag="--beam", help="default beam size (default: each model's)")
+    max_batch_tokens: int | None = setting(
+        None,
+        help="source tokens per decoding batch: requests waiting together share one up to this budget "
+        "(default: the first model's decode.max_tokens)",
+    )
+    batching: bool = setting(
+        True,
+        flag="--one-lock",
+        help="decode every request alone, never in a batch shared with others (to compare with)",
+    )
+    max_wait_ms: float = setting(
+        5.0, help="how long the oldest waiting request may wait for others to share its batch (default %(default)g)"
+    )
+    queue_size: int = setting(
+        256, help="requests that may wait; one more is answered 503 with Retry-After (default %(default)s)"
+    )
+    timeout: float | None = setting(
+        60.0, help="seconds a request may take; past it the answer is 504, its sentences dropped (default %(default)g)"
+    )
+    api_key: str | None = setting(
+        None,
+        help="require this key (body api_key, or the header Authorization: Bearer KEY) on /translate, /attention "
+        "and /detect; default: the environment variable NANOMT_API_KEY, else no key (prefer the variable: "
+        "a command line is visible to other users of the machine)",
+    )
+    keys_file: str | None = setting(
+        None,
+        metavar="FILE",
+        help="API keys, hashed, with limits of their own (`python -m nanomt.serve.keys new`; docs/serving.md)",
+    )
+    req_limit: int | None = setting(None, help="a key's requests a minute, unless its line says (default: no limit)")
+    char_limit: int | None = setting(
+        None, help="a key's characters a request, unless its line says (default: no limit)"
+    )
     languages: tuple[str, str] | None = None  # the pair of a model given as a Translator (create_app)
-    glossary: tuple[tuple[str, str], ...] = ()
-    pivot: str = "en"  # a pair without a model of its own is translated through this language
-    max_loaded: int | None = None  # models in memory at once; the least recently used is unloaded (None: all)
-    device: str = "cpu"
-    int8: bool = False
-    access_log: bool = True
-    models: tuple[ModelSpec, ...] = field(default_factory=tuple)
+    glossary: tuple[tuple[str, str], ...] = setting(
+        (),
+        metavar="FILE",
+        read=read_glossary_file,
+        help="the default glossary ('source term<TAB>target term' lines) of every request",
+    )
+    pivot: str = setting(
+        "en", help="a pair no model translates goes through this language, with two models (default %(default)s)"
+    )
+    max_loaded: int | None = setting(
+        None,
+        help="models in memory at once; past it the least recently used is unloaded (default: all, loaded at start)",
+    )
+    device: str = setting("cpu", help="where the models run: cpu (default), cuda, cuda:N or mps")
+    int8: bool = setting(
+        False,
+        help="int8 linear layers (CPU only), weights scaled per output row and inputs per row as in CTranslate2: "
+        "faster decoding for a small BLEU cost (README, Speed)",
+    )
+    access_log: bool = setting(True, flag="--no-access-log", help="no JSON access log lines on stderr")
+    models: tuple[ModelSpec, ...] = setting(
+        flag="",
+        metavar="CHECKPOINT",
+        read=read_models,
+        default_factory=tuple,
+        help="a run to serve, or SRC-TGT=RUN to name its language pair (else its config's); one a language pair",
+    )
 
     def __post_init__(self):
         if self.default_beam is not None and not 1 <= self.default_beam <= MAX_BEAM:

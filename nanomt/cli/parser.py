@@ -1,0 +1,319 @@
+"""The `nanomt` command's arguments: every subcommand's flags and the module that runs it.
+
+Parsing and `--help` import no torch and no server code: this module imports the standard library and
+nanomt.serve.settings (standard library only), and a subcommand's module is imported when it runs (`handler`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+
+from nanomt.serve.settings import ServeConfig
+
+BUFFER_SIZE = 10_000  # lines a chunk: the default of `nanomt translate --buffer-size`
+# The formats of `nanomt translate --format`: nanomt.documents.files.FORMATS's values (tests/test_startup.py checks),
+# written here so that parsing imports no document code.
+FILE_FORMATS = ("docx", "html", "markdown", "srt", "text")
+
+ENSEMBLE_HELP = (
+    "checkpoint directory; several (sharing one tokenizer) decode as an ensemble that averages their next-token "
+    "probabilities, with the first one's decoding settings"
+)
+INT8_HELP = (
+    "int8 linear layers (CPU only), weights scaled per output row and inputs per row as in CTranslate2: faster "
+    "decoding for a small BLEU cost (README, Speed)"
+)
+DEVICE_HELP = "where the model runs: cpu (default), cuda, cuda:N or mps"
+CHECKPOINT_HELP = "checkpoint directory: a run dir, one of its checkpoints/step_N, or an averaged one"
+
+
+def package_version() -> str:
+    """The installed distribution's version, or the package's own when run from a source tree."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("nanomt")
+    except importlib.metadata.PackageNotFoundError:
+        import nanomt
+
+        return getattr(nanomt, "__version__", "unknown")
+
+
+class VersionAction(argparse.Action):
+    """--version: the version looked up only when asked for (importlib.metadata is slow to import)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"{parser.prog} {package_version()}")
+        parser.exit()
+
+
+def command(parser: argparse.ArgumentParser, handler: str) -> None:
+    """The function that runs the subcommand, as "module:function" under nanomt.cli, imported when it runs."""
+    parser.set_defaults(handler=handler)
+
+
+def add_search_flags(s: argparse.ArgumentParser) -> None:
+    """The flags that change a checkpoint's decoding settings (its decode section) for one command."""
+    s.add_argument("--beam", type=int, default=None, help="beam size (default: the checkpoint's decode.beam_size)")
+    s.add_argument(
+        "--length-penalty", type=float, default=None, help="beam search's length penalty (default: the checkpoint's)"
+    )
+    s.add_argument("--min-len", type=int, default=None, help="no EOS before this many tokens (decode.min_len)")
+    s.add_argument("--max-len-a", type=float, default=None, help="budget: int(a * source tokens + b) (decode)")
+    s.add_argument("--max-len-b", type=int, default=None, help="budget: int(a * source tokens + b) (decode)")
+    s.add_argument(
+        "--no-repeat-ngram-size", type=int, default=None, metavar="N", help="no N-gram twice in a translation (0: off)"
+    )
+    s.add_argument(
+        "--repetition-penalty",
+        type=float,
+        default=None,
+        metavar="P",
+        help="divide the scores of tokens already written by P (> 1 discourages repeats; 1: off)",
+    )
+    s.add_argument(
+        "--glossary",
+        metavar="FILE",
+        help="'source term<TAB>target term' lines: a term found in a sentence puts its target term in the translation",
+    )
+    s.add_argument("--max-tokens", type=int, default=None, help="source tokens per batch")
+
+
+def add_sampling_flags(s: argparse.ArgumentParser) -> None:
+    """--sampling and its options (`nanomt translate`)."""
+    s.add_argument(
+        "--sampling",
+        action="store_true",
+        help="sample each translation from the model's distribution instead of beam search (as fairseq's --sampling)",
+    )
+    s.add_argument(
+        "--sampling-topk",
+        type=int,
+        default=None,
+        metavar="K",
+        help="with --sampling: draw from the K likeliest tokens only (default 0: all)",
+    )
+    s.add_argument(
+        "--sampling-topp",
+        type=float,
+        default=None,
+        metavar="P",
+        help="with --sampling: nucleus sampling, from the likeliest tokens that hold probability P (default 1.0: all)",
+    )
+    s.add_argument(
+        "--temperature",
+        type=float,
+        default=None,
+        metavar="T",
+        help="with --sampling: divide the logits by T; below 1 is closer to greedy, above 1 more varied (default 1.0)",
+    )
+    s.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="with --sampling: random seed, for samples a rerun repeats (default: different each run)",
+    )
+
+
+def setting_flags(settings: type) -> list[tuple[list[str], dict]]:
+    """The arguments (names, add_argument's keywords) of a settings dataclass's fields made with
+    nanomt.serve.settings.setting, in field order; a field without that metadata has none."""
+    hints = typing.get_type_hints(settings)
+    flags = []
+    for f in dataclasses.fields(settings):
+        meta = f.metadata
+        if "help" not in meta:
+            continue
+        kwargs = {"help": meta["help"]}
+        if meta.get("metavar"):
+            kwargs["metavar"] = meta["metavar"]
+        if meta.get("flag") == "":  # the positional argument: one or more values
+            flags.append(([f.name], {**kwargs, "nargs": "+"}))
+            continue
+        flag = meta.get("flag") or "--" + f.name.replace("_", "-")
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        kwargs["dest"] = f.name
+        if hints[f.name] is bool:
+            kwargs["action"] = "store_false" if default else "store_true"
+            flags.append(([flag], kwargs))
+            continue
+        kwargs.setdefault("metavar", flag[2:].replace("-", "_").upper())  # --beam BEAM, not DEFAULT_BEAM
+        if meta.get("read") is not None:
+            kwargs["default"] = None  # not given: the field's default, unread
+        else:
+            kinds = [t for t in typing.get_args(hints[f.name]) if t is not type(None)] or [hints[f.name]]
+            kwargs.update(type=kinds[0], default=default)
+        flags.append(([flag], kwargs))
+    return flags
+
+
+def settings_from_args(settings: type, args: argparse.Namespace):
+    """An instance of a settings dataclass from the arguments `setting_flags` made (the others at their defaults)."""
+    values = {}
+    for f in dataclasses.fields(settings):
+        if "help" not in f.metadata:
+            continue
+        value, read = getattr(args, f.name), f.metadata.get("read")
+        if read is not None:
+            if value is None:
+                continue
+            value = read(value)
+        values[f.name] = value
+    return settings(**values)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="nanomt", description="The original Transformer for machine translation.")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging, and tracebacks instead of errors")
+    p.add_argument("--version", action=VersionAction, help="show the version and exit")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    s = sub.add_parser("train", help="train (or resume) a model from a YAML config")
+    s.add_argument("config", help="YAML config, e.g. configs/demo.yaml")
+    s.add_argument("--run-dir", help="run directory (default runs/<config name>); re-running resumes")
+    s.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override a config key")
+    s.add_argument(
+        "--init-from", metavar="CHECKPOINT", help="start from this checkpoint's model and weights (train.init_from)"
+    )
+    command(s, "training:train")
+
+    s = sub.add_parser(
+        "translate",
+        help="translate one sentence a line (stdin to stdout by default; line by line when typed at a terminal), "
+        "paragraphs (--split) or a document (--format)",
+    )
+    s.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT", help=ENSEMBLE_HELP)
+    s.add_argument("--input", "-i", help="input file (default stdin)")
+    s.add_argument("--output", "-o", help="output file (default stdout), replaced only once every line is translated")
+    s.add_argument(
+        "--split",
+        action="store_true",
+        help="each line is a paragraph: split into sentences (URLs, e-mail addresses, code and emojis kept as they "
+        "are), translated, joined into one output line",
+    )
+    s.add_argument(
+        "--format",
+        choices=FILE_FORMATS,
+        help="the input is one document of this format, translated with its formatting and written in it",
+    )
+    s.add_argument(
+        "--buffer-size",
+        type=int,
+        default=BUFFER_SIZE,
+        metavar="N",
+        help=f"lines read, sorted and translated at a time: memory holds one chunk (default {BUFFER_SIZE:,})",
+    )
+    s.add_argument("--n-best", type=int, default=1, help="print the K best: 'index<TAB>score<TAB>text' lines")
+    add_search_flags(s)
+    s.add_argument(
+        "--prefix-file",
+        metavar="FILE",
+        help="one target prefix a line of the input: each translation starts with its line, the model goes on",
+    )
+    add_sampling_flags(s)
+    s.add_argument("--device", default="cpu", help=DEVICE_HELP)
+    s.add_argument("--int8", action="store_true", help=INT8_HELP)
+    command(s, "translate:translate")
+
+    s = sub.add_parser("evaluate", help="sacreBLEU BLEU and chrF of a checkpoint on a test set")
+    s.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT", help=ENSEMBLE_HELP)
+    s.add_argument("--src", required=True, help="source sentences, one a line")
+    s.add_argument("--ref", required=True, help="reference translations, line-aligned with --src")
+    add_search_flags(s)
+    s.add_argument("--save-hyp", help="write the translations to this file")
+    s.add_argument("--json", action="store_true", help="print one JSON object")
+    s.add_argument("--device", default="cpu", help=DEVICE_HELP)
+    s.add_argument("--int8", action="store_true", help=INT8_HELP)
+    command(s, "evaluate:evaluate")
+
+    s = sub.add_parser("average", help="average checkpoints into a complete checkpoint directory")
+    s.add_argument("checkpoints", nargs="+", help="checkpoint dirs, or one run dir with --last N")
+    s.add_argument("--last", type=int, default=0, help="average the last N checkpoints of a run dir")
+    s.add_argument("--out", required=True, help="directory to write the averaged checkpoint to")
+    command(s, "training:average")
+
+    s = sub.add_parser("plot", help="attention heatmaps, positional-encoding curves, training curves")
+    plot_sub = s.add_subparsers(dest="what", required=True, metavar="WHAT")
+    a = plot_sub.add_parser("attention", help="attention heatmaps of one sentence")
+    a.add_argument("checkpoint", help=CHECKPOINT_HELP)
+    a.add_argument("sentence", help="the source sentence to translate and plot")
+    a.add_argument("--layer", type=int, default=-1, help="layer index (default: the last)")
+    a.add_argument("--head", type=int, default=None, help="one head (default: a grid of every head)")
+    a.add_argument(
+        "--kind",
+        choices=["cross", "encoder", "decoder"],
+        default="cross",
+        help="encoder-decoder (default), encoder self- or decoder self-attention",
+    )
+    a.add_argument("--beam", type=int, default=1, help="beam size of the translation plotted (default 1: greedy)")
+    a.add_argument("--device", default="cpu", help=DEVICE_HELP)
+    a.add_argument("-o", "--output", default="attention.png", help="image file, .png or .svg (default attention.png)")
+    a = plot_sub.add_parser("positions", help="sinusoidal positional-encoding curves and table")
+    a.add_argument("--d-model", type=int, default=128, help="model width of the encoding (default 128)")
+    a.add_argument("--positions", type=int, default=100, help="positions plotted (default 100)")
+    a.add_argument("-o", "--output", default="positions.png", help="image file, .png or .svg (default positions.png)")
+    a = plot_sub.add_parser("curves", help="training curves from a run directory's metrics.jsonl")
+    a.add_argument("run_dir", help="run directory with a metrics.jsonl")
+    a.add_argument("-o", "--output", default="curves.png", help="image file, .png or .svg (default curves.png)")
+    command(s, "plot:plot")
+
+    s = sub.add_parser("synth", help="write the built-in toy language pair as text files")
+    s.add_argument("out_dir", help="directory for train|valid|test.src|tgt")
+    s.add_argument("--pairs", type=int, default=20000, help="training pairs (valid and test have 500 each)")
+    s.add_argument("--seed", type=int, default=0, help="random seed: the same seed writes the same files")
+    command(s, "training:synth")
+
+    s = sub.add_parser("import", help="another toolkit's model as a nanomt run directory")
+    import_sub = s.add_subparsers(dest="toolkit", required=True, metavar="TOOLKIT")
+    a = import_sub.add_parser(
+        "marian", help="a Hugging Face Marian directory (config.json, weights, source.spm, target.spm, vocab.json)"
+    )
+    a.add_argument("hf_dir", help="the directory save_pretrained wrote (e.g. a downloaded opus-mt model)")
+    a.add_argument("--out", required=True, help="the run directory to write")
+    command(s, "interop:import_model")
+
+    s = sub.add_parser("export", help="a nanomt checkpoint for another runtime (CTranslate2, ONNX, Hugging Face)")
+    export_sub = s.add_subparsers(dest="target", required=True, metavar="TARGET")
+    e = export_sub.add_parser("ct2", help="a CTranslate2 model directory (plus tokenizer/ and nanomt.yaml)")
+    e.add_argument("run", help=CHECKPOINT_HELP)
+    e.add_argument("--out", required=True, help="the directory to write")
+    e.add_argument(
+        "--quantization",
+        default=None,
+        help="CTranslate2's weight type to store (int8, int8_float16, float16, ...); default float32",
+    )
+    e = export_sub.add_parser("onnx", help="encoder.onnx and decoder_step.onnx (key/value cache in and out)")
+    e.add_argument("run", help=CHECKPOINT_HELP)
+    e.add_argument("--out", required=True, help="the directory to write")
+    e = export_sub.add_parser("marian", help="a Hugging Face Marian directory (MarianMTModel, MarianTokenizer)")
+    e.add_argument("run", nargs="+", metavar="RUN", help=f"{CHECKPOINT_HELP}; one (several, an ensemble, are refused)")
+    e.add_argument("--out", required=True, help="the directory to write (new or empty)")
+    e = export_sub.add_parser("argos", help="an Argos Translate package (.argosmodel) for Argos and LibreTranslate")
+    e.add_argument("run", help=CHECKPOINT_HELP)
+    e.add_argument("--out", required=True, help="the .argosmodel file to write")
+    e.add_argument("--source", dest="source_language", help="the source language's code (default: the run's, e.g. de)")
+    e.add_argument("--target", dest="target_language", help="the target language's code (default: the run's, e.g. en)")
+    e.add_argument("--source-name", default=None, help="the source language's name, e.g. German (default: its code)")
+    e.add_argument("--target-name", default=None, help="the target language's name, e.g. English (default: its code)")
+    e.add_argument("--package-version", default="1.0", help="the package's version (default 1.0)")
+    e.add_argument("--quantization", default=None, help="CTranslate2's weight type to store (default float32)")
+    command(s, "interop:export")
+
+    s = sub.add_parser("demo", help="train on the toy language pair and show translations and attention")
+    s.add_argument("--out", default="runs/demo", help="where the data, run and pictures go")
+    s.add_argument("--steps", type=int, default=None, help="training steps (default: configs/demo.yaml)")
+    s.add_argument("--pairs", type=int, default=None, help="training pairs (default: the demo's)")
+    command(s, "demo:demo")
+
+    s = sub.add_parser(
+        "serve", help="HTTP JSON API (nanomt's and LibreTranslate's) and a web page, for one or more models"
+    )
+    for names, kwargs in setting_flags(ServeConfig):  # a ServeConfig field made with `setting` is a flag
+        s.add_argument(*names, **kwargs)
+    command(s, "serve:serve")
+    return p

@@ -1,0 +1,40 @@
+"""`nanomt train`, `nanomt average` and `nanomt synth`: runs, checkpoints and the toy corpus."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def train(args: argparse.Namespace) -> None:
+    from nanomt.training.train import train_from_file
+
+    overrides = [*(args.set or []), *([f"train.init_from={args.init_from}"] if args.init_from else [])]
+    run_dir = train_from_file(args.config, args.run_dir, overrides)
+    print(f"run directory: {run_dir}")
+
+
+def average(args: argparse.Namespace) -> None:
+    from nanomt.core.checkpoint import CheckpointError, average_checkpoints, step_dirs
+
+    paths = list(args.checkpoints)
+    if args.last:
+        if len(paths) != 1:
+            raise CheckpointError("--last N takes exactly one run directory")
+        steps = step_dirs(paths[0])
+        if not steps:
+            raise CheckpointError(f"{paths[0]}: no checkpoints/step_N directories")
+        paths = [p for _, p in steps[-args.last :]]
+    out = average_checkpoints(paths, args.out)
+    print(f"averaged {len(paths)} checkpoints ({', '.join(Path(p).name for p in paths)}) into {out}")
+
+
+def synth(args: argparse.Namespace) -> None:
+    from nanomt.training.synthetic import write_corpus
+
+    paths = write_corpus(args.out_dir, pairs=args.pairs, seed=args.seed)
+    for split in ("train", "valid", "test"):
+        src, tgt = paths[f"{split}.src"], paths[f"{split}.tgt"]
+        with open(src, "rb") as f:
+            pairs = sum(1 for _ in f)
+        print(f"{split}: {pairs} pairs in {src} and {tgt}")
