@@ -11,15 +11,14 @@ import dataclasses
 import hmac
 import logging
 from contextlib import asynccontextmanager
-from pathlib import Path
 
 from fastapi import FastAPI, HTTPException, Request
-from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from nanomt.core.decoding import Decoding
 from nanomt.decoding.translate import Translator
-from nanomt.serve import api, libretranslate
+from nanomt.serve import api, libretranslate, page
 from nanomt.serve.batching import Batcher, Closed, JobTimeout, QueueFull
 from nanomt.serve.errors import add_error_handlers, error
 from nanomt.serve.keys import KeyRing, Limits, RateLimiter
@@ -28,7 +27,6 @@ from nanomt.serve.models import Model, ModelSet
 from nanomt.serve.settings import MAX_BEAM, ServeConfig
 
 log = logging.getLogger("nanomt.serve")
-PAGE = Path(__file__).resolve().parent / "static" / "index.html"
 
 
 class Server:
@@ -158,6 +156,7 @@ def create_app(models: Translator | ModelSet, config: ServeConfig | None = None,
     api.add_routes(app, server)
     libretranslate.add_routes(app, server)
     _add_probes(app, server)
+    page.add_routes(app)
     # UTF-8 text is at most 4 bytes a character; the slack covers JSON syntax and escapes.
     add_observer(app, server.metrics, 6 * config.max_chars + 65_536)
     app.state.server, app.state.engine, app.state.metrics = server, server.engine, server.metrics
@@ -175,7 +174,7 @@ def _model_info(model: Model) -> dict:
 
 
 def _add_probes(app: FastAPI, server: Server) -> None:
-    """/health, /ready, /metrics and the page: answered on the event loop, never waiting for a model."""
+    """/health, /ready and /metrics: answered on the event loop, never waiting for a model."""
     config = server.config
 
     @app.get("/health")
@@ -206,8 +205,3 @@ def _add_probes(app: FastAPI, server: Server) -> None:
     async def metrics_() -> Response:
         """Prometheus metrics (text exposition format)."""
         return Response(server.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
-
-    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
-    async def page() -> HTMLResponse:
-        """The page: type a sentence, see its translation and cross-attention heatmap."""
-        return HTMLResponse(PAGE.read_text(encoding="utf-8"))
