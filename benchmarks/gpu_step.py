@@ -1,26 +1,48 @@
-"""Training-step throughput of the base model on a GPU: target tokens/s and MFU, nanomt beside Hugging Face Marian.
+"""Training-step throughput of the base model at the paper's batch size: nanomt's variants beside Hugging Face Marian.
 
-One command on a GPU machine, from the repository root:
+One command on a GPU machine, from the repository root (scripts/gpu_check.sh runs it):
 
     python -m benchmarks.gpu_step --device cuda --out benchmarks/results/gpu_step.json
 
-A step is what `nanomt train` does on a GPU: forward under bf16 autocast, label-smoothed (0.1) cross-entropy
-summed and divided by the target tokens (F.cross_entropy, one fused expression), backward, gradient clipping,
-fused AdamW, zero_grad; no host sync inside. Marian (MarianMTModel of the same shape: shared embeddings tied to
-the output, ReLU, sinusoidal positions, SDPA attention) takes the same batches and the same loss on its logits.
-Both are timed round-robin after warm-up steps, with a device synchronize around each timed block.
+The batches are what training makes: sentence lengths drawn from WMT news (benchmarks/data/newstest2009_lengths.tsv,
+words a sentence of newstest2009 de/en, scaled so that targets average WMT's ~27 pieces), token-budget batches of
+sentences of similar length (nanomt.core.batches.make_batches, max_tokens 25,000 padded per side: ~25k target tokens
+a step, as the paper's), random ids. Every contender takes the same sentences in each step; a batch starts on the
+host, in pinned memory, and is copied to the device without a wait (as `nanomt train` does), except where the
+contender says otherwise.
 
-FLOPs per step (model FLOPs, what MFU counts): 6 per multiply-accumulate parameter and token for forward plus
-backward, over the matmul parameters each token passes through (encoder layers for source tokens; decoder layers
-and the V x D output projection for target tokens), plus attention scores and weighted sums, 12 x D per query-key
-pair and layer (2 matmuls x 2 FLOPs x 3 for backward), with every padded pair counted as the kernels compute them:
+A step: forward under bf16 autocast (CUDA; fp32 elsewhere), label-smoothed (0.1) cross-entropy summed and divided by
+the target tokens, backward, gradient clipping, fused AdamW, zero_grad; no host sync inside. The contenders, each one
+change from `nanomt` (the training step as it is):
 
-    6 * (N_enc * src_tokens + (N_dec + D * V) * tgt_tokens) + 12 * D * B * (L_enc * S^2 + L_dec * (T^2 + T * S))
+    nanomt              padded batches (widths a multiple of 8), F.cross_entropy, eager
+    nanomt_packed       the same sentences packed into one row (train.packed): varlen flash attention on CUDA
+    nanomt_chunked_ce   the blockwise label-smoothed loss (gradient written in the forward pass, 8192-row blocks)
+    nanomt_compiled     torch.compile(dynamic=True) over bucketed shapes (train.compile); compile time reported
+    nanomt_pageable     the batch copied from pageable (not pinned) memory: what pinning and overlap save
+    nanomt_fp32         no autocast (TF32 matmuls): what bf16 buys
+    marian              MarianMTModel of the same shape (SDPA attention), the same padded batches and loss
 
-N_enc = L_enc * (4 D^2 + 2 D F), N_dec = L_dec * (8 D^2 + 2 D F); embeddings lookups, norms, biases and softmax
-are left out (under 1%). The cross-attention's K/V projections (2 D^2 of N_dec) run on source tokens: the same
-count where S = T, as here. The batches are full-length (no padding), so the formula's tokens are the real ones.
---tiny runs the same code on a small shape, for a test on a CPU.
+FLOPs of a step (model FLOPs, what MFU counts: the real tokens' work, padding excluded, so every contender is
+credited the same FLOPs for the same sentences), with N_enc = L (4 D^2 + 2 D F), N_dec = L (8 D^2 + 2 D F), and
+S_i, T_i the i-th sentence's source and target lengths (+ EOS / BOS):
+
+    6 * (N_enc * sum S_i + (N_dec + D * V) * sum T_i) + 12 * D * L * sum_i (S_i^2 + T_i^2 + T_i * S_i)
+
+6 per multiply-accumulate for forward and backward; attention scores and weighted sums are 2 matmuls of 2 FLOPs x 3
+(forward + backward) per query-key pair and layer, causal pairs not halved; embedding lookups, norms, biases and
+softmax are left out (under 1%). The cross-attention's K/V projections (2 D^2 of N_dec) run on source tokens and
+are counted on target tokens: equal where the sums are (about, here). MFU = model FLOPs / step time / the device's
+dense bf16 peak. step_memory_gib: the step's own peak, torch.cuda.max_memory_allocated over a contender's timed steps
+less what was allocated before them (the contenders' weights and optimizer states, resident throughout):
+activations, logits, gradients. Add 16 bytes a parameter (fp32 weight, gradient, two AdamW moments) for the whole.
+
+--smoke runs the same code on a CPU at a tiny shape (a test). On a CPU the packed contender takes the block-diagonal
+mask in rows of 128 positions (as train.packed does there), the loss is the blockwise one already (nanomt_chunked_ce
+is nanomt), and compile defaults to the "eager" backend. The CPU's own step, the Multi30k recipe's model and batch:
+
+    python -m benchmarks.gpu_step --device cpu --shape cpu --contenders nanomt nanomt_packed nanomt_compiled \
+        --compile-backend inductor --out benchmarks/results/cpu_step.json
 """
 
 from __future__ import annotations
@@ -29,107 +51,171 @@ import argparse
 import json
 import platform
 import time
+import traceback
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from benchmarks.common import git
+from benchmarks.common import ROOT, git
 from nanomt import ModelConfig, Transformer
-from nanomt.training.train import label_smoothed_loss
+from nanomt.core.batches import make_batches
+from nanomt.core.config import SpecialIds
+from nanomt.training.data import collate, pack
+from nanomt.training.train import PAD_MULTIPLE, bucketed, label_smoothed_loss, pad_width
 
-BASE = dict(d_model=512, n_heads=8, layers=6, d_ff=2048, vocab=37000, batch=128, src_len=32, tgt_len=32)
-TINY = dict(d_model=32, n_heads=2, layers=1, d_ff=64, vocab=200, batch=4, src_len=8, tgt_len=8)
+BASE = dict(d_model=512, n_heads=8, layers=6, d_ff=2048, vocab=37000, max_tokens=25000, mean_tgt=27.0, sentences=60000)
+SMOKE = dict(d_model=32, n_heads=2, layers=1, d_ff=64, vocab=200, max_tokens=300, mean_tgt=12.0, sentences=200)
+# The Multi30k recipe's model and batches (configs/multi30k_de_en.yaml), for the CPU's step: --shape cpu.
+CPU = dict(d_model=256, n_heads=4, layers=4, d_ff=1024, vocab=8000, max_tokens=2500, mean_tgt=15.0, sentences=6000)
+SHAPES = {"base": BASE, "cpu": CPU, "smoke": SMOKE}
 PEAK_BF16_TFLOPS = {"H100": 989.5, "H200": 989.5, "A100": 312.0}  # dense, SXM; by device-name substring
-SMOOTHING, PAD, BOS = 0.1, 0, 2
+LENGTHS = ROOT / "benchmarks" / "data" / "newstest2009_lengths.tsv"
+SMOOTHING = 0.1
+IDS = SpecialIds(pad=0, bos=2, eos=3)
+CONTENDERS = (
+    "nanomt",
+    "nanomt_packed",
+    "nanomt_chunked_ce",
+    "nanomt_compiled",
+    "nanomt_pageable",
+    "nanomt_fp32",
+    "marian",
+)
+CPU_ROW_TOKENS = 128
 
 
-def flops_per_step(s: dict) -> float:
-    """Model FLOPs of one training step on a full-length batch (the formula in the module docstring)."""
-    d, f, layers, b = s["d_model"], s["d_ff"], s["layers"], s["batch"]
+def sentence_lengths(shape: dict, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """`sentences` (source, target) lengths drawn from newstest2009's, scaled to a target mean of `mean_tgt`."""
+    words = np.loadtxt(LENGTHS, dtype=np.float64, comments="#", ndmin=2)  # (N, 2): de, en words
+    scale = shape["mean_tgt"] / words[:, 1].mean()
+    rng = np.random.default_rng(seed)
+    pick = words[rng.integers(0, len(words), shape["sentences"])] * scale
+    lens = np.clip(np.rint(pick), 1, 250).astype(np.int64)
+    return lens[:, 0], lens[:, 1]
+
+
+class RandomPairs:
+    """A corpus of the given lengths with random ids (4 on: 0-3 are PAD, UNK, BOS, EOS), as collate and pack read."""
+
+    def __init__(self, src_lens: np.ndarray, tgt_lens: np.ndarray, vocab: int, seed: int = 0):
+        rng = np.random.default_rng(seed)
+        self.src_lens, self.tgt_lens = src_lens, tgt_lens
+        self.ids = rng.integers(4, vocab, int(src_lens.sum() + tgt_lens.sum()))
+        self.src_at = np.concatenate([[0], np.cumsum(src_lens)])
+        self.tgt_at = self.src_at[-1] + np.concatenate([[0], np.cumsum(tgt_lens)])
+
+    def __len__(self) -> int:
+        return len(self.src_lens)
+
+    def src(self, i: int) -> np.ndarray:
+        return self.ids[self.src_at[i] : self.src_at[i + 1]]
+
+    def tgt(self, i: int) -> np.ndarray:
+        return self.ids[self.tgt_at[i] : self.tgt_at[i + 1]]
+
+
+def flops_per_step(shape: dict, src_lens: np.ndarray, tgt_lens: np.ndarray) -> float:
+    """Model FLOPs of one training step over these sentences (lengths + EOS / BOS; the module docstring's formula)."""
+    d, f, layers, v = shape["d_model"], shape["d_ff"], shape["layers"], shape["vocab"]
+    s, t = np.asarray(src_lens, dtype=np.float64), np.asarray(tgt_lens, dtype=np.float64)
     n_enc, n_dec = layers * (4 * d * d + 2 * d * f), layers * (8 * d * d + 2 * d * f)
-    src, tgt = b * s["src_len"], b * s["tgt_len"]
-    dense = 6 * (n_enc * src + (n_dec + d * s["vocab"]) * tgt)
-    attention = 12 * d * b * (layers * s["src_len"] ** 2 + layers * (s["tgt_len"] ** 2 + s["tgt_len"] * s["src_len"]))
+    dense = 6 * (n_enc * s.sum() + (n_dec + d * v) * t.sum())
+    attention = 12 * d * layers * float((s * s + t * t + t * s).sum())
     return float(dense + attention)
 
 
-def batches(s: dict, n: int, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """n random full-length (src, tgt_in, tgt_out) batches; ids from 4 on (0-3 are PAD, UNK, BOS, EOS)."""
-    g = torch.Generator().manual_seed(0)
-    out = []
-    for _ in range(n):
-        src = torch.randint(4, s["vocab"], (s["batch"], s["src_len"]), generator=g)
-        tgt = torch.randint(4, s["vocab"], (s["batch"], s["tgt_len"] + 1), generator=g)
-        tgt[:, 0] = BOS
-        out.append(tuple(t.to(device) for t in (src, tgt[:, :-1].contiguous(), tgt[:, 1:].contiguous())))
-    return out
-
-
-def nanomt_model(s: dict, device: torch.device) -> torch.nn.Module:
+def nanomt_model(shape: dict, device: torch.device, max_positions: int) -> Transformer:
     cfg = ModelConfig(
-        src_vocab_size=s["vocab"],
-        tgt_vocab_size=s["vocab"],
-        d_model=s["d_model"],
-        n_heads=s["n_heads"],
-        n_encoder_layers=s["layers"],
-        n_decoder_layers=s["layers"],
-        d_ff=s["d_ff"],
+        src_vocab_size=shape["vocab"],
+        tgt_vocab_size=shape["vocab"],
+        d_model=shape["d_model"],
+        n_heads=shape["n_heads"],
+        n_encoder_layers=shape["layers"],
+        n_decoder_layers=shape["layers"],
+        d_ff=shape["d_ff"],
         share_embeddings=True,
         tie_output=True,
+        max_positions=max_positions,
+        pad_id=IDS.pad,
+        bos_id=IDS.bos,
+        eos_id=IDS.eos,
     )
     return Transformer(cfg).to(device)
 
 
-def marian_model(s: dict, device: torch.device) -> torch.nn.Module | None:
+def marian_model(shape: dict, device: torch.device, max_positions: int) -> torch.nn.Module | None:
     """MarianMTModel of the same shape, or None without transformers."""
     try:
         from transformers import MarianConfig, MarianMTModel
     except ImportError:
         return None
     cfg = MarianConfig(
-        vocab_size=s["vocab"],
-        decoder_vocab_size=s["vocab"],
-        d_model=s["d_model"],
-        encoder_layers=s["layers"],
-        decoder_layers=s["layers"],
-        encoder_attention_heads=s["n_heads"],
-        decoder_attention_heads=s["n_heads"],
-        encoder_ffn_dim=s["d_ff"],
-        decoder_ffn_dim=s["d_ff"],
+        vocab_size=shape["vocab"],
+        decoder_vocab_size=shape["vocab"],
+        d_model=shape["d_model"],
+        encoder_layers=shape["layers"],
+        decoder_layers=shape["layers"],
+        encoder_attention_heads=shape["n_heads"],
+        decoder_attention_heads=shape["n_heads"],
+        encoder_ffn_dim=shape["d_ff"],
+        decoder_ffn_dim=shape["d_ff"],
         activation_function="relu",
         dropout=0.1,
         attention_dropout=0.0,
         activation_dropout=0.0,
-        max_position_embeddings=max(s["src_len"], s["tgt_len"]) + 2,
-        pad_token_id=PAD,
-        decoder_start_token_id=BOS,
+        max_position_embeddings=max_positions,
+        pad_token_id=IDS.pad,
+        decoder_start_token_id=IDS.bos,
         share_encoder_decoder_embeddings=True,
         scale_embedding=True,
     )
     return MarianMTModel._from_config(cfg, attn_implementation="sdpa").to(device)
 
 
-def logits_of(model: torch.nn.Module, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
-    if isinstance(model, Transformer):
-        return model(src, tgt_in)
-    out = model(input_ids=src, attention_mask=src != PAD, decoder_input_ids=tgt_in, use_cache=False)
-    return out.logits
+def host_batches(name: str, corpus: RandomPairs, plan: list, device: torch.device, pin: bool, half: bool) -> list:
+    """The contender's batches of the plan's sentences, on the host."""
+    cuda = device.type == "cuda"
+    out = []
+    for idx in plan:
+        if name == "nanomt_packed":  # one row where the varlen kernel runs (CUDA, half precision), as training packs
+            one_row = int(corpus.src_lens[idx].sum() + corpus.tgt_lens[idx].sum()) + len(idx) * 2 + 2
+            row_tokens = one_row if cuda and half else CPU_ROW_TOKENS
+            b = pack(corpus, idx, IDS, row_tokens, multiple=PAD_MULTIPLE if cuda else 1)
+        elif name == "nanomt_compiled":
+            b = bucketed(collate(corpus, idx, IDS), IDS.pad)
+        else:
+            b = pad_width(collate(corpus, idx, IDS), PAD_MULTIPLE, IDS.pad) if cuda else collate(corpus, idx, IDS)
+        out.append(b.map(torch.Tensor.pin_memory) if pin and cuda else b)
+    return out
 
 
-def make_step(model: torch.nn.Module, device: torch.device, dtype: torch.dtype | None):
-    """One training step on a batch, as `nanomt train` runs it on this device; returns the loss (not read)."""
+def make_step(name: str, model: torch.nn.Module, device: torch.device, dtype: torch.dtype | None, backend: str):
+    """One training step of this contender on a host batch; returns the loss (not read: no sync)."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), fused=device.type in ("cpu", "cuda"))
     model.train()
+    forward = model
+    if name == "nanomt_compiled":
+        forward = torch.compile(model, dynamic=True, backend=backend)
+    fused = False if name == "nanomt_chunked_ce" else None
+    rows = 8192 if device.type == "cuda" else 32
 
-    def step(src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor) -> torch.Tensor:
+    def step(host) -> torch.Tensor:
+        b = host.map(lambda t: t.to(device, non_blocking=True))
         ctx = (
             torch.autocast(device.type, dtype=dtype)
             if dtype is not None
             else torch.autocast(device.type, enabled=False)
         )
         with ctx:
-            logits = logits_of(model, src, tgt_in)
-        loss = label_smoothed_loss(logits, tgt_out, SMOOTHING, PAD) / tgt_out.numel()
+            if isinstance(model, Transformer):
+                logits = forward(b.src, b.tgt_in, packing=b.packing)
+            else:
+                out = model(
+                    input_ids=b.src, attention_mask=b.src != IDS.pad, decoder_input_ids=b.tgt_in, use_cache=False
+                )
+                logits = out.logits
+        loss = label_smoothed_loss(logits, b.tgt_out, SMOOTHING, IDS.pad, fused=fused, rows=rows) / b.n_tgt_tokens
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -155,36 +241,83 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda")
     p.add_argument("--out", type=Path, default=None, help="JSON results file (default: print only)")
-    p.add_argument("--tiny", action="store_true", help="a tiny shape (a CPU smoke test)")
-    p.add_argument("--steps", type=int, default=50, help="timed steps per contender and round")
-    p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--smoke", "--tiny", action="store_true", help="a tiny shape, a few steps (a CPU test)")
+    p.add_argument("--shape", choices=sorted(SHAPES), default=None, help="default: base (smoke with --smoke)")
+    p.add_argument("--steps", type=int, default=None, help="timed steps per contender and round (default 10)")
+    p.add_argument("--warmup", type=int, default=None, help="default 3 (the compiled contender: its compilations)")
+    p.add_argument("--rounds", type=int, default=None, help="default 3")
+    p.add_argument("--batches", type=int, default=8, help="distinct batches, taken in turn")
     p.add_argument("--precision", choices=["bf16", "fp32"], default=None, help="default: bf16 on CUDA, else fp32")
+    p.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=None, help="default: all")
+    p.add_argument("--compile-backend", default=None, help="default: inductor on CUDA, eager elsewhere")
     p.add_argument("--peak-tflops", type=float, default=None, help="the device's dense peak for MFU")
     args = p.parse_args(argv)
     device = torch.device(args.device)
-    shape = dict(TINY if args.tiny else BASE)
+    shape = dict(SHAPES[args.shape or ("smoke" if args.smoke else "base")])
+    steps, warmup, rounds = (
+        args.steps or (2 if args.smoke else 10),
+        args.warmup,
+        args.rounds or (1 if args.smoke else 3),
+    )
+    warmup = warmup if warmup is not None else (1 if args.smoke else 3)
     precision = args.precision or ("bf16" if device.type == "cuda" else "fp32")
     dtype = torch.bfloat16 if precision == "bf16" else None
+    backend = args.compile_backend or ("inductor" if device.type == "cuda" else "eager")
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
-    data = batches(shape, 4, device)
-    contenders = {"nanomt": nanomt_model(shape, device), "marian": marian_model(shape, device)}
-    steps = {name: make_step(m, device, dtype) for name, m in contenders.items() if m is not None}
-    for step in steps.values():  # warm-up: kernels chosen, caches filled
-        for i in range(args.warmup):
-            step(*data[i % len(data)])
-    sync(device)
-    seconds = {name: [] for name in steps}
-    for _ in range(args.rounds):
-        for name, step in steps.items():
-            sync(device)
+    src_lens, tgt_lens = sentence_lengths(shape)
+    corpus = RandomPairs(src_lens, tgt_lens, shape["vocab"])
+    plan = make_batches(src_lens, tgt_lens, shape["max_tokens"], seed=0, epoch=0)[: args.batches]
+    max_positions = int(max(src_lens.max(), tgt_lens.max())) + 8
+    names = [n for n in (args.contenders or CONTENDERS) if not (n == "nanomt_fp32" and dtype is None)]
+    steps_of, batches_of, models, errors, compile_s = {}, {}, {}, {}, {}
+    for name in names:
+        try:
+            torch.manual_seed(0)
+            build = marian_model if name == "marian" else nanomt_model
+            m = build(shape, device, max_positions + 2)
+            if m is None:
+                errors[name] = "skipped: no transformers"
+                continue
+            models[name] = m
+            step_dtype = None if name == "nanomt_fp32" else dtype
+            steps_of[name] = make_step(name, m, device, step_dtype, backend)
+            batches_of[name] = host_batches(
+                name, corpus, plan, device, pin=name != "nanomt_pageable", half=dtype is not None
+            )
             t0 = time.perf_counter()
-            for i in range(args.steps):
-                step(*data[i % len(data)])
+            for i in range(max(warmup, len(plan) if name == "nanomt_compiled" else 0)):  # every shape compiled
+                steps_of[name](batches_of[name][i % len(plan)])
             sync(device)
-            seconds[name].append((time.perf_counter() - t0) / args.steps)
-    flops, tokens = flops_per_step(shape), shape["batch"] * shape["tgt_len"]
+            compile_s[name] = round(time.perf_counter() - t0, 2)
+        except Exception as e:  # one contender's failure is its result; the others run
+            errors[name] = f"{type(e).__name__}: {e}"
+            traceback.print_exc()
+            steps_of.pop(name, None)
+    seconds = {name: [] for name in steps_of}
+    peak_mem = {name: 0 for name in steps_of}
+    for _ in range(rounds):
+        for name, step in list(steps_of.items()):
+            try:
+                sync(device)
+                if device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(device)
+                    resident = torch.cuda.memory_allocated(device)  # every contender's weights and AdamW state
+                t0 = time.perf_counter()
+                for i in range(steps):
+                    step(batches_of[name][i % len(plan)])
+                sync(device)
+                seconds[name].append((time.perf_counter() - t0) / steps)
+                if device.type == "cuda":
+                    peak_mem[name] = max(peak_mem[name], torch.cuda.max_memory_allocated(device) - resident)
+            except Exception as e:
+                errors[name] = f"{type(e).__name__}: {e}"
+                traceback.print_exc()
+                del steps_of[name], seconds[name]
+    # Per step, averaged over the batches a timed block cycles through (steps_i % len(plan)).
+    taken = [plan[i % len(plan)] for i in range(steps)]
+    flops = sum(flops_per_step(shape, src_lens[b] + 1, tgt_lens[b] + 1) for b in taken) / steps
+    tokens = sum(int(tgt_lens[b].sum()) + len(b) for b in taken) / steps
     peak = peak_tflops(device, args.peak_tflops)
     results = {}
     for name, s in seconds.items():
@@ -196,22 +329,38 @@ def main(argv: list[str] | None = None) -> dict:
             "target_tokens_per_s": round(tokens / best, 1),
             "model_tflops": round(achieved, 3),
             "mfu": round(achieved / peak, 4) if peak else None,
-            "parameters": sum(p.numel() for p in contenders[name].parameters()),
+            "step_memory_gib": round(peak_mem[name] / 2**30, 3) if device.type == "cuda" else None,
+            "warmup_s": compile_s.get(name),
+            "speedup_vs_nanomt": None,
+            "parameters": sum(p.numel() for p in models[name].parameters()),
         }
+    if "nanomt" in results:
+        for r in results.values():
+            r["speedup_vs_nanomt"] = round(results["nanomt"]["step_ms"] / r["step_ms"], 3)
+    padded = [collate(corpus, b, IDS) for b in taken]
     report = {
-        "what": "training step (forward, label-smoothed CE, backward, clip, fused AdamW), base shape unless tiny",
+        "what": "training step (forward, label-smoothed CE, backward, clip, fused AdamW) on token-budget batches",
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "precision": precision,
         "shape": shape,
+        "lengths": f"{LENGTHS.relative_to(ROOT)} scaled to a target mean of {shape['mean_tgt']}",
+        "batches": len(plan),
+        "sentences_per_step": sum(len(b) for b in taken) / steps,
+        "target_tokens_per_step": tokens,
+        "padding_fraction_padded": round(
+            1 - sum(b.n_tgt_tokens for b in padded) / sum(b.tgt_out.numel() for b in padded), 4
+        ),
         "flops_per_step": flops,
         "flops_per_target_token": flops / tokens,
-        "flops_formula": "6*(N_enc*src_tokens + (N_dec + D*V)*tgt_tokens) + 12*D*B*(L*S^2 + L*(T^2 + T*S))",
+        "flops_formula": "6*(N_enc*sum S_i + (N_dec + D*V)*sum T_i) + 12*D*L*sum_i(S_i^2 + T_i^2 + T_i*S_i)",
+        "mfu_formula": "flops_per_step / step_s / peak_tflops",
         "peak_tflops": peak,
-        "steps": args.steps,
-        "warmup": args.warmup,
-        "rounds": args.rounds,
+        "compile_backend": backend,
+        "steps": steps,
+        "warmup": warmup,
+        "rounds": rounds,
         "results": results,
-        "skipped": [] if contenders["marian"] is not None else ["marian (no transformers)"],
+        "skipped": [f"{n} ({e})" for n, e in errors.items()],
         "versions": {"torch": torch.__version__, "python": platform.python_version()},
         "commit": git("rev-parse", "HEAD") or None,
     }

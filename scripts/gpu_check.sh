@@ -4,9 +4,12 @@
 #   scripts/gpu_check.sh RESULTS_DIR [--data DIR] [--minutes N]
 #   scripts/gpu_check.sh --smoke RESULTS_DIR --data DIR    # the same steps on a CPU, tiny and short (a test)
 #
-# 1. the CUDA tests (pytest -m cuda: bf16 and fp16 training, the fp16 resume, decoding against the CPU, compile);
-# 2. benchmarks.gpu_step: the base model's training step, tokens/s and MFU beside Hugging Face Marian;
-# 3. the Multi30k recipe's config trained for --minutes (default 5) on the GPU, then test2016 at beam 5;
+# 1. the CUDA tests (pytest -m cuda: bf16 and fp16 training, the fp16 resume, decoding against the CPU, compile,
+#    packed batches equal to padded ones through the varlen kernel);
+# 2. benchmarks.gpu_step: the base model's training step at ~25k target tokens (WMT news lengths, token-budget
+#    batches): padded, packed, chunked loss, compiled, pageable copies, fp32, and Hugging Face Marian; tokens/s,
+#    MFU, peak memory;
+# 3. the Multi30k recipe's config trained for --minutes (default 3) on the GPU, then test2016 at beam 5;
 # 4. benchmarks.gpu_decode: greedy and beam 4 beside Hugging Face `generate`, fp32 and bf16;
 # 5. scripts.gpu_check_summary: RESULTS_DIR/gpu_check.json, the figures of all four with the commit.
 # RESULTS_DIR holds 6 files; the run directory goes to a temporary one. --data holds Multi30k's files
@@ -21,7 +24,7 @@ export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 
 die() { echo "gpu_check: $*" >&2; exit 2; }
 
-smoke=0 results="" data="$ROOT/../shared/data/multi30k" minutes=5
+smoke=0 results="" data="$ROOT/../shared/data/multi30k" minutes=3
 while [ $# -gt 0 ]; do
   case "$1" in
     --smoke) smoke=1 ;;
@@ -44,7 +47,7 @@ case "$minutes" in ''|*[!0-9.]*) die "--minutes $minutes: want a number of minut
 if [ "$smoke" = 1 ]; then
   device=cpu
   tiny=(--tiny)
-  bench=(--steps 2 --warmup 1 --rounds 1)
+  bench=(--steps 2 --warmup 1 --rounds 1 --batches 2)
   decode=(--reps 1 --warmup 0)
   # The recipe's config at a toy size: the same commands, seconds instead of minutes.
   train_sets=(data.vocab_size=150 model.d_model=32 model.n_heads=2 model.n_encoder_layers=1

@@ -75,10 +75,12 @@ def gpu_step(report: dict | None) -> dict | None:
     if report is None:
         return None
     rows = report["results"]
-    out = {name: {k: r[k] for k in ("step_ms", "target_tokens_per_s", "mfu")} for name, r in rows.items()}
-    if "marian" in rows:
+    keys = ("step_ms", "target_tokens_per_s", "mfu", "step_memory_gib", "speedup_vs_nanomt")
+    out = {name: {k: r.get(k) for k in keys} for name, r in rows.items()}
+    if "marian" in rows and "nanomt" in rows:
         out["nanomt_x_marian"] = round(rows["marian"]["step_ms"] / rows["nanomt"]["step_ms"], 3)
-    return {"shape": report["shape"], "precision": report["precision"], **out}
+    extra = {k: report.get(k) for k in ("target_tokens_per_step", "padding_fraction_padded", "skipped")}
+    return {"shape": report["shape"], "precision": report["precision"], **extra, **out}
 
 
 def decoding(report: dict | None) -> dict | None:

@@ -1,5 +1,6 @@
 """On a CUDA GPU: bf16 and fp16 training steps, an fp16 run resumed bit-exact with its loss scaler, decoding equal
-to the CPU's in float32, and train.compile. Marked `cuda`: skipped without a GPU (scripts/gpu_check.sh runs them)."""
+to the CPU's in float32, train.compile, and packed batches (the varlen kernel) equal to padded ones. Marked `cuda`:
+skipped without a GPU (scripts/gpu_check.sh runs them)."""
 
 import json
 import math
@@ -15,6 +16,7 @@ from nanomt.core.config import config_from_dict
 from nanomt.decoding.beam import beam_search
 from nanomt.decoding.greedy import greedy
 from nanomt.training import train as train_module
+from nanomt.training.data import collate, pack
 from nanomt.training.synthetic import write_corpus
 from nanomt.training.train import lr_at, train
 
@@ -120,3 +122,50 @@ def test_train_compile_on_cuda_follows_the_eager_run(corpus, tmp_path):
     cfg["train"]["compile"] = True
     compiled = train(config_from_dict(cfg), tmp_path / "compiled")
     assert losses(compiled) == pytest.approx(losses(eager), rel=2e-3)
+
+
+def packed_and_padded(dtype: torch.dtype | None):
+    """The loss and gradients of a padded batch and of the same sentences packed into one row, on the GPU."""
+    import numpy as np
+    from test_packing import IDS, Pairs, loss_and_grads, model
+
+    corpus = Pairs(40, seed=1, max_len=30)
+    m = model(n_heads=2).cuda()  # head dim 16: flash kernels want a multiple of 8, 16 is safe
+    out = []
+    for b in (collate(corpus, np.arange(40), IDS), pack(corpus, np.arange(40), IDS, row_tokens=4096, multiple=8)):
+        with torch.autocast("cuda", dtype=dtype, enabled=dtype is not None):
+            out.append(loss_and_grads(m, b.to("cuda"), fused=True))
+    return out
+
+
+def test_packed_batches_give_the_padded_loss_and_gradients_on_cuda_in_float32(no_tf32):
+    """float32: the block-diagonal mask (the varlen kernel wants half precision), to float rounding."""
+    (loss_a, grads_a), (loss_b, grads_b) = packed_and_padded(None)
+    torch.testing.assert_close(loss_b, loss_a, rtol=1e-5, atol=1e-6)
+    for name in grads_a:
+        torch.testing.assert_close(grads_b[name], grads_a[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_packed_batches_take_the_varlen_kernel_in_bf16_and_give_the_padded_gradients(monkeypatch):
+    """bf16: attention by torch.nn.attention.varlen over the packed row, the padded batch's numbers to bf16 rounding."""
+    from nanomt.core import model as model_module
+
+    if model_module.varlen_attn is None:
+        pytest.skip("this PyTorch has no torch.nn.attention.varlen")
+    calls = []
+    real = model_module.varlen_attn
+    monkeypatch.setattr(model_module, "varlen_attn", lambda *a, **k: calls.append(1) or real(*a, **k))
+    (loss_a, grads_a), (loss_b, grads_b) = packed_and_padded(torch.bfloat16)
+    assert len(calls) == 2 + 2 * 2  # 2 encoder layers; 2 decoder layers, self and cross (the backward calls none)
+    torch.testing.assert_close(loss_b, loss_a, rtol=1e-2, atol=1e-3)
+    for name in grads_a:
+        a, b = grads_a[name].float(), grads_b[name].float()
+        assert (a - b).norm() <= 3e-2 * a.norm() + 1e-6, name
+
+
+def test_a_packed_bf16_run_on_cuda_learns(corpus, tmp_path):
+    run = train(
+        config_from_dict(cuda_config(corpus, precision="bf16", max_steps=40, log_every=10, packed=True)), tmp_path
+    )
+    seen = losses(run)
+    assert all(math.isfinite(x) for x in seen) and seen[-1] < seen[0] - 0.5, seen

@@ -414,3 +414,17 @@ def test_a_run_keeps_the_training_targets_ids_in_every_checkpoint(restricted_run
         assert torch.equal(read_weights(step_dir / WEIGHTS)["output_mask"], model.output_mask)
     avg, _, _ = load_checkpoint(average_checkpoints([d for _, d in step_dirs(run)], run.parent / "avg"))
     assert avg.output_ids.tolist() == expected
+
+
+@pytest.mark.parametrize("rows", [1, 7, 32, 4096])
+def test_blockwise_loss_and_its_gradient_equal_f_cross_entropy_at_any_block_size(rows):
+    torch.manual_seed(0)
+    logits = torch.randn(50, 37, dtype=torch.float64, requires_grad=True)
+    target = torch.randint(0, 37, (50,))
+    target[::6] = 0  # padding, skipped
+    want = F.cross_entropy(logits, target, ignore_index=0, label_smoothing=0.1, reduction="sum")
+    (want_grad,) = torch.autograd.grad(want, logits)
+    got = label_smoothed_loss(logits, target, 0.1, pad_id=0, fused=False, rows=rows)
+    (got_grad,) = torch.autograd.grad(got * 2.0, logits)
+    torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(got_grad, 2.0 * want_grad)

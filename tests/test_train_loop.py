@@ -216,6 +216,27 @@ def test_accumulating_two_batches_equals_one_merged_batch(small_corpus, tmp_path
         torch.testing.assert_close(w_accumulated[name], w_merged[name], rtol=0, atol=2e-6, msg=name)
 
 
+def test_a_packed_step_equals_the_padded_step(small_corpus, tmp_path, one_thread):
+    """train.packed: the same sentences in packed rows give the padded step's loss, gradient norm and weights."""
+    base = small_config(small_corpus, valid=False, max_steps=1, save_every=1, log_every=1, max_tokens=100_000)
+    padded = train(config_from_dict(base), tmp_path / "padded")
+    cfg = {**base, "train": {**base["train"], "packed": True, "pack_row_tokens": 64}}
+    packed = train(config_from_dict(cfg), tmp_path / "packed")
+    (a,), (b,) = read_metrics(padded), read_metrics(packed)
+    assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
+    assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
+    w_padded, w_packed = weights_at(padded, 1), weights_at(packed, 1)
+    d = w_padded["encoder.0.self_attn.qkv.bias"].numel() // 3
+    for name in w_padded:
+        a, b = w_packed[name], w_padded[name]
+        if name.endswith("qkv.bias") or name.endswith("kv.bias"):
+            # The key bias's gradient is zero (softmax ignores a score added to every key) up to rounding noise,
+            # which Adam's first step, a step of lr whatever the gradient's size, turns into a full step either way.
+            keys = slice(d, 2 * d) if name.endswith("qkv.bias") else slice(0, d)
+            a, b = torch.cat([a[: keys.start], a[keys.stop :]]), torch.cat([b[: keys.start], b[keys.stop :]])
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5, msg=name)
+
+
 @pytest.mark.parametrize("accum_steps", [1, 2])
 def test_max_epochs_stops_after_that_many_passes_over_the_data(small_corpus, tmp_path, accum_steps):
     cfg = small_config(small_corpus, valid=False, max_steps=1000, max_tokens=400, log_every=1, save_every=1000)

@@ -6,6 +6,15 @@ from __future__ import annotations
 import numpy as np
 
 
+def bucket(n: int, per_octave: int = 8, minimum: int = 8) -> int:
+    """n rounded up to one of `per_octave` sizes in each octave (multiples of `minimum`): at most 1/per_octave
+    padding added, and a bounded number of distinct shapes for a compiled step (`per_octave` a doubling)."""
+    if n <= minimum:
+        return minimum
+    step = max(minimum, 1 << max(0, (n - 1).bit_length() - 1 - (per_octave.bit_length() - 1)))
+    return -(-n // step) * step
+
+
 def make_batches(
     src_lens: np.ndarray,
     tgt_lens: np.ndarray,
@@ -13,8 +22,12 @@ def make_batches(
     seed: int,
     epoch: int,
     shuffle: bool = True,
+    packed: bool = False,
 ) -> list[np.ndarray]:
-    """Length-bucketed batches of sentence indices, each padded to at most max_tokens (seq + EOS/BOS)."""
+    """Length-bucketed batches of sentence indices, each padded to at most max_tokens (seq + EOS/BOS).
+
+    packed: the budget counts real tokens (max(src, tgt) + 1 a sentence), as rows without padding hold them.
+    """
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
     src_lens = np.asarray(src_lens, dtype=np.int64)
@@ -32,7 +45,10 @@ def make_batches(
     while start < n:
         # Widths from `start` on are >= min_width[start] (tgt is sorted), which bounds how many rows fit.
         window = width[start : start + max_tokens // min_width[start] + 1]
-        padded = np.arange(1, len(window) + 1) * np.maximum.accumulate(window)  # nondecreasing
+        if packed:
+            padded = np.cumsum(window)
+        else:
+            padded = np.arange(1, len(window) + 1) * np.maximum.accumulate(window)  # nondecreasing
         count = max(1, int(np.searchsorted(padded, max_tokens, side="right")))  # >= 1: oversize alone
         batches.append(order[start : start + count])
         start += count

@@ -248,6 +248,14 @@ class TrainConfig:
     # torch.compile the model for the training step (dynamic shapes): fuses a GPU's many small kernels. Off by
     # default: on a 2-core CPU the compiled step was slower than eager (docs/experiments.md).
     compile: bool = False
+    # Packed batches: sentences concatenated into rows with no padding between them; attention stays within each
+    # sentence (CUDA's varlen flash kernel in bf16/fp16, else a block-diagonal mask), positions restart per
+    # sentence, and the loss and gradients are the padded batch's. The token budget then counts real tokens. Off
+    # until a GPU measurement shows it wins (docs/performance.md).
+    packed: bool = False
+    # Positions in a packed row. None: the whole batch in one row where CUDA's varlen kernel runs (bf16/fp16, no
+    # attention dropout: its cost is each sentence's own length), 128 elsewhere (a block-diagonal mask costs the row's).
+    pack_row_tokens: int | None = None
     # A checkpoint directory (a run, checkpoints/step_N, an averaged or imported model) whose architecture,
     # tokenizer, special ids and weights this run starts from, with its own optimizer, schedule and steps. Its
     # `model` section may be left out; a key set there must match, except dropout (FINE_TUNABLE).
@@ -260,6 +268,10 @@ class TrainConfig:
     def __post_init__(self):
         if self.bidirectional_epochs < 0:
             raise ValueError(f"bidirectional_epochs must be >= 0, got {self.bidirectional_epochs}")
+        if self.pack_row_tokens is not None and self.pack_row_tokens < 2:
+            raise ValueError(
+                f"pack_row_tokens must be >= 2 (a token and the row's padding), got {self.pack_row_tokens}"
+            )
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,11 @@ from torch import Tensor
 
 from nanomt.core.config import ModelConfig
 
+try:  # CUDA's flash kernel over packed sequences given by cumulative lengths (PyTorch >= 2.10)
+    from torch.nn.attention.varlen import varlen_attn
+except ImportError:  # pragma: no cover - older PyTorch: packed batches take the block-diagonal mask
+    varlen_attn = None
+
 # ---------------------------------------------------------------------------------------------------------
 # Masks and positions: pure functions.
 # ---------------------------------------------------------------------------------------------------------
@@ -36,6 +41,66 @@ def causal_mask(t_query: int, t_key: int, device: torch.device | None = None) ->
     """(Tq, Tk) mask letting query i (the last Tq of Tk positions) see keys 0..Tk-Tq+i."""
     offset = t_key - t_query
     return torch.ones(t_query, t_key, dtype=torch.bool, device=device).tril(diagonal=offset)
+
+
+class SegmentMask(NamedTuple):
+    """Attention within packed rows: a token sees only its own sentence's tokens (the earlier ones where causal).
+
+    Kept as data rather than a (B, 1, Tq, Tk) tensor, so that on CUDA the varlen flash kernel can take the
+    cumulative lengths instead; everywhere else `dense()` is the block-diagonal boolean mask.
+    """
+
+    q: Tensor  # (B, Tq) sentence ids of the queries' row positions: 1, 1, 2, 2, 2, ..., 0 on padding
+    k: Tensor  # (B, Tk) the keys'
+    causal: bool = False
+    cu_q: Tensor | None = None  # (N + 1,) int32: sentence starts over the flattened rows (each row's padding one)
+    cu_k: Tensor | None = None  # (N + 1,) int32
+    max_q: int = 0  # the longest of those query / key sequences
+    max_k: int = 0
+
+    def dense(self) -> Tensor:
+        """(B, 1, Tq, Tk) boolean; a padding query (id 0) sees the whole row, so no softmax row is empty (its
+        output is never used and gets no gradient)."""
+        mask = (self.q[:, :, None] == self.k[:, None, :]) | (self.q == 0)[:, :, None]  # (B, Tq, Tk)
+        if self.causal:  # a sentence's tokens are contiguous: the row's causal mask is each sentence's
+            mask = mask & causal_mask(self.q.size(1), self.k.size(1), device=self.q.device)
+        return mask[:, None]  # (B, 1, Tq, Tk)
+
+
+class Packing(NamedTuple):
+    """Sentences concatenated into rows (no padding between them): each token's sentence and position in it.
+
+    Row r of src holds the sources of the same sentences, in the same order, as row r of tgt holds their targets;
+    sentence ids count from 1 in each row, 0 is the padding at a row's end.
+    """
+
+    src_segments: Tensor  # (B, S) long
+    tgt_segments: Tensor  # (B, T) long
+    src_positions: Tensor  # (B, S) long: 0, 1, ... restarting at each sentence (3.5: positions are per sentence)
+    tgt_positions: Tensor  # (B, T) long
+    cu_src: Tensor | None = None  # (N + 1,) int32 for the varlen kernel: sentence starts, each row's padding one
+    cu_tgt: Tensor | None = None
+    max_src: int = 0
+    max_tgt: int = 0
+
+    def encoder_mask(self) -> SegmentMask:
+        return SegmentMask(
+            self.src_segments, self.src_segments, False, self.cu_src, self.cu_src, self.max_src, self.max_src
+        )
+
+    def decoder_mask(self) -> SegmentMask:
+        return SegmentMask(
+            self.tgt_segments, self.tgt_segments, True, self.cu_tgt, self.cu_tgt, self.max_tgt, self.max_tgt
+        )
+
+    def cross_mask(self) -> SegmentMask:
+        return SegmentMask(
+            self.tgt_segments, self.src_segments, False, self.cu_tgt, self.cu_src, self.max_tgt, self.max_src
+        )
+
+    def map(self, fn) -> Packing:
+        """The same packing with `fn` applied to each tensor (to a device, into pinned memory)."""
+        return Packing(*(fn(x) if isinstance(x, Tensor) else x for x in self))
 
 
 def sinusoidal_table(n_positions: int, d_model: int, layout: str = "interleaved") -> Tensor:
@@ -83,16 +148,40 @@ class Dropout(nn.Module):
 # ---------------------------------------------------------------------------------------------------------
 
 
+def varlen_attention(q: Tensor, k: Tensor, v: Tensor, mask: SegmentMask) -> Tensor:
+    """Attention over packed rows by CUDA's varlen flash kernel: (B, H, T, K) in and out, no (T, T) mask."""
+    b, h, t, kd = q.shape
+
+    def flat(x: Tensor) -> Tensor:
+        return x.transpose(1, 2).reshape(-1, h, kd)  # (B * T, H, K): the rows one after another
+
+    window = (-1, 0) if mask.causal else (-1, -1)
+    out = varlen_attn(flat(q), flat(k), flat(v), mask.cu_q, mask.cu_k, mask.max_q, mask.max_k, window_size=window)
+    return out.view(b, t, h, kd).transpose(1, 2)  # (B, H, T, K)
+
+
+def use_varlen(q: Tensor, mask: SegmentMask, dropout_p: float, need_weights: bool) -> bool:
+    """Whether the varlen kernel can run this: CUDA, half precision, cumulative lengths given, no dropout/weights."""
+    half = q.dtype in (torch.float16, torch.bfloat16)
+    return (
+        varlen_attn is not None and q.is_cuda and half and mask.cu_q is not None and not need_weights and not dropout_p
+    )
+
+
 def attention(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    mask: Tensor | None = None,
+    mask: Tensor | SegmentMask | None = None,
     is_causal: bool = False,
     dropout_p: float = 0.0,
     need_weights: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """3.2.1: softmax(Q K^T / sqrt(K)) V on (B, H, T, K) tensors; the weights only when asked for."""
+    if isinstance(mask, SegmentMask):  # packed rows
+        if use_varlen(q, mask, dropout_p, need_weights):
+            return varlen_attention(q, k, v, mask), None
+        mask = mask.dense()
     if is_causal and (mask is not None or q.size(-2) != k.size(-2)):
         # SDPA's own causal mask is aligned top-left when Tq != Tk; ours aligns the last query with the
         # last key (cached decoding) and is combined with `mask` rather than replacing it.
@@ -341,14 +430,21 @@ class DecoderLayer(nn.Module):
         past: tuple[Tensor, Tensor, int] | None = None,
         need_weights: bool = False,
         beams: int = 1,
+        packed_mask: SegmentMask | None = None,
     ) -> tuple[Tensor, tuple[Tensor, Tensor], Tensor | None, Tensor | None]:
         """x (B, T, D) -> (x, self keys/values (with past: the cache buffers), self weights, cross weights);
-        beams: rows per sentence of cross_kv and src_mask (CrossAttention)."""
+        beams: rows per sentence of cross_kv and src_mask (CrossAttention); packed_mask: packed rows' self-mask."""
         t_new = x.size(1)
         t_total = t_new + (0 if past is None else past[2])
-        # No past: the fused kernel's built-in causal mask. One new token sees everything before it.
-        is_causal = past is None and t_new > 1
+        # No past: the fused kernel's built-in causal mask. One new token sees everything before it. Decided by an
+        # `if`: under torch.compile's dynamic shapes `t_new > 1` is a SymBool, which SDPA's is_causal rejects (a graph
+        # break in every decoder layer); a branch makes it a guard and a plain bool.
+        is_causal = False
+        if past is None and t_new > 1:
+            is_causal = True
         self_mask = causal_mask(t_new, t_total, x.device) if past is not None and t_new > 1 else None
+        if packed_mask is not None:  # causal within each sentence of the row
+            is_causal, self_mask = False, packed_mask
         if self.norm_first:
             h, self_w, kv = self.self_attn(self.norm1(x), self_mask, is_causal, past, need_weights)
             x = x + self.dropout(h)
@@ -405,8 +501,11 @@ class Embedding(nn.Module):
             self.register_buffer("table", table, persistent=False)
         self.dropout = Dropout(cfg.dropout)
 
-    def forward(self, ids: Tensor, start: int = 0) -> Tensor:
-        """(B, T) ids at positions start..start+T-1 -> (B, T, D)."""
+    def forward(self, ids: Tensor, start: int = 0, positions: Tensor | None = None) -> Tensor:
+        """(B, T) ids at positions start..start+T-1, or at `positions` (B, T) (packed rows) -> (B, T, D)."""
+        if positions is not None:  # per sentence: below max_positions, as binarizing caps lengths (no sync here)
+            pos = self.positions(positions) if self.positions is not None else self.table[positions]  # (B, T, D)
+            return self.dropout(self.tokens(ids) * self.scale + pos)
         end = start + ids.size(1)
         if end > self.max_positions:
             raise ValueError(f"sequence of {end} positions exceeds max_positions={self.max_positions}")
@@ -508,10 +607,12 @@ class Transformer(nn.Module):
         """Trainable parameters, each shared tensor counted once."""
         return sum(p.numel() for p in self.parameters())
 
-    def encode(self, src: Tensor, need_weights: bool = False) -> Encoded:
-        """src (B, S) ids -> memory (B, S, D) and the source padding mask."""
-        src_mask = padding_mask(src, self.cfg.pad_id)
-        x = self.src_embed(src)
+    def encode(self, src: Tensor, need_weights: bool = False, packing: Packing | None = None) -> Encoded:
+        """src (B, S) ids -> memory (B, S, D) and the source padding mask (packed rows: their SegmentMask)."""
+        if packing is None:
+            src_mask, x = padding_mask(src, self.cfg.pad_id), self.src_embed(src)
+        else:
+            src_mask, x = packing.encoder_mask(), self.src_embed(src, positions=packing.src_positions)
         weights = [] if need_weights else None
         for layer in self.encoder:
             x, w = layer(x, src_mask, need_weights)
@@ -543,10 +644,19 @@ class Transformer(nn.Module):
         cache: DecoderCache | None = None,
         need_weights: bool = False,
         restricted: bool = False,
+        packing: Packing | None = None,
     ) -> DecoderOutput:
-        """tgt (B, T) ids -> logits (B, T, V) (see `logits`). With a cache, tgt holds only the tokens after it."""
+        """tgt (B, T) ids -> logits (B, T, V) (see `logits`). With a cache, tgt holds only the tokens after it.
+        With `packing` (teacher forcing only), rows of concatenated sentences, as `encode` was given."""
         start = 0 if cache is None else cache.length
-        x = self.tgt_embed(tgt, start)
+        self_mask, src_mask = None, enc.src_mask
+        if packing is None:
+            x = self.tgt_embed(tgt, start)
+        else:
+            if cache is not None:
+                raise ValueError("packed rows are for teacher forcing: decode them without a cache")
+            x = self.tgt_embed(tgt, positions=packing.tgt_positions)
+            self_mask, src_mask = packing.decoder_mask(), packing.cross_mask()
         new_layers = []
         self_ws, cross_ws = ([], []) if need_weights else (None, None)
         for i, layer in enumerate(self.decoder):
@@ -556,7 +666,7 @@ class Transformer(nn.Module):
                 c = cache.layers[i]
                 past, cross_kv = (c.self_k, c.self_v, start), (c.cross_k, c.cross_v)
             beams = 1 if cache is None else cache.beams
-            x, (k, v), self_w, cross_w = layer(x, cross_kv, enc.src_mask, past, need_weights, beams)
+            x, (k, v), self_w, cross_w = layer(x, cross_kv, src_mask, past, need_weights, beams, self_mask)
             if cache is not None:
                 new_layers.append(LayerCache(k, v, *cross_kv))
             if need_weights:
@@ -566,10 +676,18 @@ class Transformer(nn.Module):
         new_cache = None if cache is None else DecoderCache(tuple(new_layers), start + tgt.size(1), cache.beams)
         return DecoderOutput(logits, new_cache, self_ws, cross_ws)
 
-    def forward(self, src: Tensor, tgt: Tensor, need_weights: bool = False, restricted: bool = False):
-        """Teacher-forced logits (B, T, V); with need_weights, also a dict of per-layer attention weights."""
-        enc = self.encode(src, need_weights)
-        out = self.decode(tgt, enc, need_weights=need_weights, restricted=restricted)
+    def forward(
+        self,
+        src: Tensor,
+        tgt: Tensor,
+        need_weights: bool = False,
+        restricted: bool = False,
+        packing: Packing | None = None,
+    ):
+        """Teacher-forced logits (B, T, V); with need_weights, also a dict of per-layer attention weights.
+        With `packing`, src and tgt are rows of concatenated sentences (training/data.py's `pack`)."""
+        enc = self.encode(src, need_weights, packing)
+        out = self.decode(tgt, enc, need_weights=need_weights, restricted=restricted, packing=packing)
         if not need_weights:
             return out.logits
         return out.logits, {

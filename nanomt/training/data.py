@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from nanomt.core.config import DataConfig, HFDataConfig, SpecialIds, SplitConfig
+from nanomt.core.model import Packing
 from nanomt.core.tokenizer import Tokenizer, set_sampling_seed
 
 log = logging.getLogger("nanomt")
@@ -684,18 +685,27 @@ def shard(batches: list, rank: int, world_size: int) -> list:
 
 @dataclass
 class Batch:
-    """Padded tensors for one step; tgt_in is tgt_out shifted right by BOS (teacher forcing)."""
+    """Padded tensors for one step; tgt_in is tgt_out shifted right by BOS (teacher forcing).
+
+    Packed (`pack`): each row holds several sentences one after another, `packing` says where each begins.
+    """
 
     src: torch.Tensor  # (B, S) long: tokens + EOS, right-padded
     tgt_in: torch.Tensor  # (B, T) long: BOS + tokens, right-padded
     tgt_out: torch.Tensor  # (B, T) long: tokens + EOS, right-padded
     n_src_tokens: int  # non-pad positions in src
     n_tgt_tokens: int  # non-pad positions in tgt_out: the number of predictions the loss averages over
+    packing: Packing | None = None  # packed rows: sentence ids and positions (None: one sentence a row)
+
+    def map(self, fn) -> Batch:
+        """The batch with `fn` applied to each of its tensors (a copy to a device, into pinned memory)."""
+        packing = None if self.packing is None else self.packing.map(fn)
+        return dataclasses.replace(
+            self, src=fn(self.src), tgt_in=fn(self.tgt_in), tgt_out=fn(self.tgt_out), packing=packing
+        )
 
     def to(self, device: torch.device | str) -> Batch:
-        return dataclasses.replace(
-            self, src=self.src.to(device), tgt_in=self.tgt_in.to(device), tgt_out=self.tgt_out.to(device)
-        )
+        return self.map(lambda t: t.to(device))
 
 
 def collate(corpus: Corpus, indices: np.ndarray, ids: SpecialIds) -> Batch:
@@ -721,4 +731,91 @@ def collate(corpus: Corpus, indices: np.ndarray, ids: SpecialIds) -> Batch:
         tgt_out=torch.from_numpy(tgt_out),
         n_src_tokens=sum(len(s) + 1 for s in srcs),
         n_tgt_tokens=sum(len(t) + 1 for t in tgts),
+    )
+
+
+def pack_rows(src_lens: Sequence[int], tgt_lens: Sequence[int], row_tokens: int) -> list[list[int]]:
+    """Sentences (lengths with EOS/BOS) in order into rows of at most row_tokens - 1 on each side; a longer one alone.
+
+    One position of every row is left to padding, so that each row ends in a padding segment on both sides (the
+    varlen kernel then pairs a row's target padding with its source padding, never with nothing).
+    """
+    rows: list[list[int]] = [[]]
+    used_src = used_tgt = 0
+    for i, (s, t) in enumerate(zip(src_lens, tgt_lens, strict=True)):
+        if rows[-1] and (used_src + s > row_tokens - 1 or used_tgt + t > row_tokens - 1):
+            rows.append([])
+            used_src = used_tgt = 0
+        rows[-1].append(i)
+        used_src, used_tgt = used_src + s, used_tgt + t
+    return rows
+
+
+def _segments(lengths: list[list[int]], width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """Per row, sentence ids (from 1; 0 on padding) and positions restarting per sentence; the cumulative lengths
+    over the flattened rows (each row's padding a sequence of its own) and the longest such sequence."""
+    segments = np.zeros((len(lengths), width), dtype=np.int64)  # (B, L)
+    positions = np.zeros((len(lengths), width), dtype=np.int64)  # (B, L)
+    seqs = []
+    for r, row in enumerate(lengths):
+        at = 0
+        for j, n in enumerate(row):
+            segments[r, at : at + n] = j + 1
+            positions[r, at : at + n] = np.arange(n)
+            at += n
+        seqs += [*row, width - at]  # the padding: >= 1 position (pack_rows leaves one)
+    cu = np.concatenate([[0], np.cumsum(seqs)]).astype(np.int32)
+    return segments, positions, cu, max(seqs)
+
+
+def pack(corpus: Corpus, indices: np.ndarray, ids: SpecialIds, row_tokens: int, multiple: int = 1, width=None) -> Batch:
+    """Sentences `indices` concatenated into rows of about row_tokens positions, without padding between them.
+
+    Row r of src holds the sources (each + EOS) of the sentences whose targets (BOS + tokens / tokens + EOS) row r
+    of tgt_in / tgt_out holds, in the same order; `packing` gives each token's sentence and its position in it, for
+    the model's block-diagonal masks (or CUDA's varlen kernel, from the cumulative lengths) and restarting
+    positions. Widths are rounded up to a multiple of `multiple` (tensor-core shapes), or by `width` (a function of
+    the width needed: a compiled step's shape buckets).
+    """
+    if len(indices) == 0:
+        raise ValueError("pack needs at least one sentence")
+    srcs = [corpus.src(i) for i in indices]
+    tgts = [corpus.tgt(i) for i in indices]
+    rows = pack_rows([len(s) + 1 for s in srcs], [len(t) + 1 for t in tgts], row_tokens)
+    src_lens = [[len(srcs[i]) + 1 for i in row] for row in rows]
+    tgt_lens = [[len(tgts[i]) + 1 for i in row] for row in rows]
+    width = width or (lambda n: -(-n // multiple) * multiple)
+    s_width = width(max(map(sum, src_lens)) + 1)  # + 1: each row ends in padding
+    t_width = width(max(map(sum, tgt_lens)) + 1)
+    src = np.full((len(rows), s_width), ids.pad, dtype=np.int64)  # (B, S)
+    tgt_in = np.full((len(rows), t_width), ids.pad, dtype=np.int64)  # (B, T)
+    tgt_out = np.full_like(tgt_in, ids.pad)  # (B, T)
+    for r, row in enumerate(rows):
+        s_at = t_at = 0
+        for i in row:
+            s, t = srcs[i], tgts[i]
+            src[r, s_at : s_at + len(s)], src[r, s_at + len(s)] = s, ids.eos
+            tgt_in[r, t_at], tgt_in[r, t_at + 1 : t_at + len(t) + 1] = ids.bos, t
+            tgt_out[r, t_at : t_at + len(t)], tgt_out[r, t_at + len(t)] = t, ids.eos
+            s_at, t_at = s_at + len(s) + 1, t_at + len(t) + 1
+    src_seg, src_pos, cu_src, max_src = _segments(src_lens, s_width)
+    tgt_seg, tgt_pos, cu_tgt, max_tgt = _segments(tgt_lens, t_width)
+    tensor = torch.from_numpy
+    packing = Packing(
+        tensor(src_seg),
+        tensor(tgt_seg),
+        tensor(src_pos),
+        tensor(tgt_pos),
+        tensor(cu_src),
+        tensor(cu_tgt),
+        max_src,
+        max_tgt,
+    )
+    return Batch(
+        src=tensor(src),
+        tgt_in=tensor(tgt_in),
+        tgt_out=tensor(tgt_out),
+        n_src_tokens=sum(len(s) + 1 for s in srcs),
+        n_tgt_tokens=sum(len(t) + 1 for t in tgts),
+        packing=packing,
     )

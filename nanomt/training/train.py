@@ -25,10 +25,10 @@ from tqdm import tqdm
 
 from nanomt.core import checkpoint as ckpt
 from nanomt.core import runtime
-from nanomt.core.batches import make_batches
+from nanomt.core.batches import bucket, make_batches
 from nanomt.core.checkpoint import TrainState
 from nanomt.core.config import Config, SplitConfig, TrainConfig, load_config, save_config, to_dict
-from nanomt.core.model import Transformer
+from nanomt.core.model import Transformer, varlen_attn
 from nanomt.core.runtime import Runtime, autocast
 from nanomt.core.tokenizer import Tokenizer, train_tokenizer
 from nanomt.decoding.translate import Translator
@@ -45,6 +45,7 @@ from nanomt.training.data import (
     corpus_texts,
     mixture,
     output_ids,
+    pack,
     padding_fraction,
     resegment,
     shard,
@@ -89,40 +90,48 @@ class LabelSmoothedLoss(torch.autograd.Function):
     ROWS = 32
 
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, target: torch.Tensor, smoothing: float, pad_id: int) -> torch.Tensor:
+    def forward(
+        ctx, logits: torch.Tensor, target: torch.Tensor, smoothing: float, pad_id: int, rows: int = ROWS
+    ) -> torch.Tensor:
         n, v = logits.shape
         grad = torch.empty_like(logits)
         total = logits.new_zeros((), dtype=torch.float64)
-        for i in range(0, n, LabelSmoothedLoss.ROWS):
-            logp = logits[i : i + LabelSmoothedLoss.ROWS].float().log_softmax(dim=-1)  # (R, V)
-            y = target[i : i + LabelSmoothedLoss.ROWS, None]  # (R, 1)
+        for i in range(0, n, rows):
+            logp = logits[i : i + rows].float().log_softmax(dim=-1)  # (R, V)
+            y = target[i : i + rows, None]  # (R, 1)
             keep = (y != pad_id).to(logp.dtype)  # (R, 1)
             nll, smooth = logp.gather(1, y), logp.sum(dim=1, keepdim=True) / v
             total += (-(1 - smoothing) * nll - smoothing * smooth).mul(keep).sum().double()
             g = logp.exp_().sub_(smoothing / v)  # softmax - eps / V
             g.scatter_add_(1, y, torch.full_like(keep, smoothing - 1))  # - (1 - eps) on the gold token
-            grad[i : i + LabelSmoothedLoss.ROWS] = g.mul_(keep)
+            grad[i : i + rows] = g.mul_(keep)
         ctx.save_for_backward(grad)
         return total.float()
 
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor):
         (grad,) = ctx.saved_tensors
-        return grad * grad_output.to(grad.dtype), None, None, None
+        return grad * grad_output.to(grad.dtype), None, None, None, None
 
 
 def label_smoothed_loss(
-    logits: torch.Tensor, target: torch.Tensor, smoothing: float, pad_id: int, fused: bool | None = None
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    smoothing: float,
+    pad_id: int,
+    fused: bool | None = None,
+    rows: int = LabelSmoothedLoss.ROWS,
 ) -> torch.Tensor:
     """Summed cross-entropy with label smoothing (Szegedy et al., 2016), padding positions ignored.
 
     Equal to F.cross_entropy(..., label_smoothing=smoothing, ignore_index=pad_id, reduction="sum"), which is what
-    runs where `fused` (default: on CUDA, where it is a few fused kernels); LabelSmoothedLoss elsewhere (a CPU).
+    runs where `fused` (default: on CUDA, where it is a few fused kernels); LabelSmoothedLoss elsewhere (a CPU), in
+    blocks of `rows` rows (a GPU wants thousands: each block is a few kernels, and no fp32 (N, V) copy is kept).
     """
     logits, target = logits.reshape(-1, logits.size(-1)), target.reshape(-1)
     if logits.is_cuda if fused is None else fused:
         return F.cross_entropy(logits.float(), target, ignore_index=pad_id, label_smoothing=smoothing, reduction="sum")
-    return LabelSmoothedLoss.apply(logits, target, smoothing, pad_id)
+    return LabelSmoothedLoss.apply(logits, target, smoothing, pad_id, rows)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -382,7 +391,7 @@ def epoch_batches(data: TrainData, epoch: int, cfg: Config, rt: Runtime) -> Epoc
         c = Subset(c, mixture(data.corpus.sizes, [s.weight for s in cfg.data.train], tc.seed, epoch))
     if epoch < tc.bidirectional_epochs:
         c = both_directions(c)
-    every = make_batches(c.src_lens, c.tgt_lens, tc.max_tokens, tc.seed, epoch)
+    every = make_batches(c.src_lens, c.tgt_lens, tc.max_tokens, tc.seed, epoch, packed=tc.packed)
     shards = [shard(every, r, rt.world) for r in range(rt.world)]
     if not shards[rt.rank]:
         raise TrainingError(f"{len(every)} batches an epoch for {rt.world} processes; lower train.max_tokens")
@@ -412,22 +421,56 @@ def pad_width(b: Batch, multiple: int, pad_id: int) -> Batch:
 
 def pinned(b: Batch) -> Batch:
     """The batch in page-locked memory, which the GPU copies from without the host waiting."""
-    return dataclasses.replace(b, src=b.src.pin_memory(), tgt_in=b.tgt_in.pin_memory(), tgt_out=b.tgt_out.pin_memory())
+    return b.map(torch.Tensor.pin_memory)
 
 
 def to_device(b: Batch, rt: Runtime) -> Batch:
     """The batch on the device: from pinned memory without waiting for the copy, on CUDA."""
     if rt.device.type == "cpu":
         return b
-    move = functools.partial(torch.Tensor.to, device=rt.device, non_blocking=True)
-    return dataclasses.replace(b, src=move(b.src), tgt_in=move(b.tgt_in), tgt_out=move(b.tgt_out))
+    return b.map(functools.partial(torch.Tensor.to, device=rt.device, non_blocking=True))
+
+
+PACK_ROW_TOKENS_CPU = 128  # a CPU's packed row: its block-diagonal mask costs the whole row's attention
+
+
+def collate_for_step(corpus: Corpus, indices, cfg: Config, rt: Runtime) -> Batch:
+    """One step's batch as the device takes it: padded (to PAD_MULTIPLE on CUDA), or packed rows (train.packed);
+    under train.compile, widths (and padded batches' rows) in `bucket` sizes, so that the compiled step meets a
+    bounded number of shapes."""
+    ids, cuda, compiled = cfg.model.special_ids, rt.device.type == "cuda", cfg.train.compile
+    if cfg.train.packed:
+        # One row where the varlen kernel runs (its cost: each sentence's own); elsewhere a dense mask costs the row's.
+        varlen = (
+            cuda and varlen_attn is not None and rt.precision in ("bf16", "fp16") and not cfg.model.attention_dropout
+        )
+        row_tokens = cfg.train.pack_row_tokens or (cfg.train.max_tokens + 1 if varlen else PACK_ROW_TOKENS_CPU)
+        b = pack(corpus, indices, ids, row_tokens, PAD_MULTIPLE if cuda else 1, bucket if compiled else None)
+    else:
+        b = collate(corpus, indices, ids)
+        if compiled:
+            b = bucketed(b, ids.pad)
+        elif cuda:
+            b = pad_width(b, PAD_MULTIPLE, ids.pad)
+    return pinned(b) if cuda else b
+
+
+def bucketed(b: Batch, pad_id: int) -> Batch:
+    """A padded batch grown to `bucket` widths (from 8) and rows (from 1; rows of padding, which the loss skips)."""
+
+    def pad(t: torch.Tensor) -> torch.Tensor:
+        rows, width = bucket(t.size(0), minimum=1) - t.size(0), bucket(t.size(1)) - t.size(1)
+        return F.pad(t, (0, width, 0, rows), value=pad_id)
+
+    return dataclasses.replace(b, src=pad(b.src), tgt_in=pad(b.tgt_in), tgt_out=pad(b.tgt_out))
 
 
 class BatchStream:
     """This rank's batches from (epoch, position) on, collated by a background thread a few batches ahead.
 
     The order is the plan's, a function of (seed, epoch) alone, so a resumed run takes the same batches. On CUDA
-    they come padded to PAD_MULTIPLE and in pinned memory, so that their copy to the GPU overlaps the step.
+    they come padded to PAD_MULTIPLE (or packed, train.packed) and in pinned memory, so that their copy to the GPU
+    overlaps the step.
     """
 
     AHEAD = 4
@@ -446,11 +489,8 @@ class BatchStream:
                 ep = epoch_batches(data, epoch, cfg, rt)
                 if rt.is_main:
                     log.debug("epoch %d: padding fraction %.3f", epoch, ep.padding)
-                ids = cfg.model.special_ids
                 for i in range(pos, len(ep.batches)):
-                    b = collate(ep.corpus, ep.batches[i], ids)
-                    if rt.device.type == "cuda":
-                        b = pinned(pad_width(b, PAD_MULTIPLE, ids.pad))
+                    b = collate_for_step(ep.corpus, ep.batches[i], cfg, rt)
                     if not self.put((epoch, i, ep, b)):
                         return
                 epoch, pos = epoch + 1, 0
@@ -525,7 +565,7 @@ def backward(model: Transformer, ddp_model, group: Group, scaler, cfg: Config, r
         last = i == len(group.batches) - 1
         with contextlib.nullcontext() if rt.world == 1 or last else ddp_model.no_sync():
             with autocast(rt.precision, rt.device):
-                logits = ddp_model(b.src, b.tgt_in, restricted=True)
+                logits = ddp_model(b.src, b.tgt_in, restricted=True, packing=b.packing)
             target = model.output_targets(b.tgt_out)
             loss = label_smoothed_loss(logits, target, cfg.train.label_smoothing, model.output_pad) / n_tokens
             (scaler.scale(loss) if scaler else loss).backward()
