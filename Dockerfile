@@ -12,7 +12,8 @@ COPY constraints.txt ./
 RUN pip install --no-cache-dir -c constraints.txt --index-url https://download.pytorch.org/whl/cpu torch
 COPY pyproject.toml README.md ./
 COPY nanomt ./nanomt
-RUN pip install --no-cache-dir -c constraints.txt ".[serve]"
+# files: /translate_file and nanomt translate --format take .docx, .srt and Markdown files too.
+RUN pip install --no-cache-dir -c constraints.txt ".[serve,files]"
 
 FROM python:3.11-slim
 COPY --from=build /opt/venv /opt/venv

@@ -144,6 +144,16 @@ def test_key_lines_and_the_command_write_loadable_lines(tmp_path, monkeypatch, c
         keys.main(["new", "--req-limit", "0"])
 
 
+def test_the_command_takes_none_the_files_own_word_for_no_limit(tmp_path, capsys):
+    keys.main(["new", "--name", "batch-jobs", "--req-limit", "none", "--char-limit", "7"])
+    out, err = capsys.readouterr()
+    assert out.strip().endswith("name=batch-jobs  req_limit=none  char_limit=7")
+    ring = KeyRing.load(write(tmp_path, out), default=Limits(60, 1000))
+    assert ring.find(err.split(": ")[-1].strip()).limits == Limits(None, 7)  # none: no limit, not the default
+    with pytest.raises(SystemExit):
+        keys.main(["new", "--req-limit", "nothing"])
+
+
 def test_chars_per_request():
     assert Limits(char_limit=10).allows_chars(10) and not Limits(char_limit=10).allows_chars(11)
     assert Limits().allows_chars(10**9)

@@ -104,7 +104,7 @@ def test_models_load_when_asked_and_the_least_recently_used_goes_past_max_loaded
     lines = toy_corpus["test.src"].read_text().splitlines()[:2]
     models = model_set(runs, max_loaded=1)
     assert all(m.translator is None for m in models.models)  # nothing loaded until asked for
-    with TestClient(create_app(models)) as c:
+    with TestClient(create_app(models, cache_size=0)) as c:  # no cache: the third request is decoded again
         for pair in ("xx-en", "zz-ww", "xx-en"):
             source, target = pair.split("-")
             res = c.post("/translate", json={"text": lines, "source": source, "target": target, "beam_size": 1})

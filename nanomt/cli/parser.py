@@ -316,4 +316,18 @@ def build_parser() -> argparse.ArgumentParser:
     for names, kwargs in setting_flags(ServeConfig):  # a ServeConfig field made with `setting` is a flag
         s.add_argument(*names, **kwargs)
     command(s, "serve:serve")
+
+    s = sub.add_parser("memory", help="a server's translation memory (corrections sent to /suggest): export, import")
+    actions = s.add_subparsers(dest="action", required=True, metavar="ACTION")
+    e = actions.add_parser("export", help="the corrections of a store as a corpus (TSV: data.train takes it) or TMX")
+    e.add_argument("store", metavar="STORE", help="the server's --store: sqlite:///PATH or redis://HOST:PORT/DB")
+    e.add_argument("--format", choices=("tsv", "tmx"), default="tsv", help="tsv (default) or tmx")
+    e.add_argument("--out", default=None, help="the file to write (default: stdout)")
+    e.add_argument("--pair", default=None, metavar="SRC-TGT", help="only this language pair's corrections")
+    command(e, "memory:memory")
+    i = actions.add_parser("import", help="the translation units of a TMX file as corrections")
+    i.add_argument("file", metavar="FILE.tmx", help="a TMX file")
+    i.add_argument("--store", required=True, metavar="URL", help="the server's --store to add them to")
+    i.add_argument("--pair", default=None, metavar="SRC-TGT", help="only this language pair's units")
+    command(i, "memory:memory")
     return p

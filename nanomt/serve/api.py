@@ -12,7 +12,7 @@ from nanomt.decoding.glossary import has_terms
 from nanomt.decoding.translate import prepare, src_limit
 from nanomt.serve import libretranslate
 from nanomt.serve.documents import Route, job_key
-from nanomt.serve.errors import ERRORS, FORM, check_size, read_body, validate
+from nanomt.serve.errors import ERRORS, FORM, NOT_JSON, FormFields, check_size, read_body, validate
 from nanomt.serve.models import Model, NoRoute
 from nanomt.serve.schemas import AttentionRequest, AttentionResponse, TranslateRequest, TranslateResponse
 
@@ -54,6 +54,8 @@ async def translate_texts(server, request: Request, req: TranslateRequest) -> Tr
         cut = [i for i, ids in enumerate(models[0].tokenizer.encode_src(req.text)) if len(ids) > limit]
     glossary = decodings[-1].glossary
     missed = [i for i, (src, out) in enumerate(zip(req.text, texts)) if not has_terms(glossary, src, out)]
+    recalled = getattr(request.state, "from_memory", set())
+    memory = [i for i, text in enumerate(req.text) if any(s in text for s in recalled)]
     return TranslateResponse(
         translations=texts,
         seconds=round(time.perf_counter() - start, 4),
@@ -61,6 +63,7 @@ async def translate_texts(server, request: Request, req: TranslateRequest) -> Tr
         cut=cut or None,
         terms_missed=missed or None,
         route=[m.name for m in models] if len(models) > 1 else None,
+        memory=memory or None,
     )
 
 
@@ -77,11 +80,13 @@ def add_routes(app: FastAPI, server) -> None:
         """Translate sentences: nanomt's {"text": [...]} (beam search, or sampling given a sampling setting), or
         LibreTranslate's {"q": ..., "source": "auto", "target": ...} as JSON or a form."""
         body = await read_body(request)
-        if isinstance(body, dict) and "q" in body and "text" not in body:
+        if isinstance(body, FormFields) and "q" not in body:  # the schema's form is LibreTranslate's: a 422, not a 415
+            raise HTTPException(422, f"invalid request: q: Field required ({NOT_JSON})")
+        if isinstance(body, FormFields) or (isinstance(body, dict) and "q" in body and "text" not in body):
             return await libretranslate.translate(server, request, validate(libretranslate.LibreTranslateRequest, body))
         req = validate(TranslateRequest, body)
         server.check_key(request, req.api_key, sum(map(len, req.text)))
-        check_size(req.text, server.config.max_sentences, server.config.max_chars)
+        check_size(req.text, server.config.sentence_limit, server.config.max_chars)
         return await translate_texts(server, request, req)
 
     @app.post("/attention", response_model=AttentionResponse, responses=ERRORS)
@@ -121,7 +126,12 @@ def _one_model(server, req: AttentionRequest) -> Model:
 
 def _describe_translate_bodies(app: FastAPI) -> None:
     """POST /translate takes either shape, parsed by hand: describe both in the OpenAPI schema."""
-    bodies = (TranslateRequest, libretranslate.LibreTranslateRequest, libretranslate.DetectRequest)
+    bodies = (
+        TranslateRequest,
+        libretranslate.LibreTranslateRequest,
+        libretranslate.DetectRequest,
+        libretranslate.SuggestRequest,
+    )
 
     def openapi() -> dict:
         if app.openapi_schema:
@@ -143,11 +153,11 @@ def _describe_translate_bodies(app: FastAPI) -> None:
                 FORM: {"schema": libre},
             },
         }
-        detect = ref("DetectRequest")
-        schema["paths"]["/detect"]["post"]["requestBody"] = {
-            "required": True,
-            "content": {"application/json": {"schema": detect}, FORM: {"schema": detect}},
-        }
+        for path, body in (("/detect", "DetectRequest"), ("/suggest", "SuggestRequest")):
+            schema["paths"][path]["post"]["requestBody"] = {
+                "required": True,
+                "content": {"application/json": {"schema": ref(body)}, FORM: {"schema": ref(body)}},
+            }
         app.openapi_schema = schema
         return schema
 

@@ -8,23 +8,28 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import hmac
 import logging
 from contextlib import asynccontextmanager
 
+import torch
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from nanomt.core.checkpoint import checkpoint_weights
 from nanomt.core.decoding import Decoding
 from nanomt.decoding.translate import Translator
+from nanomt.documents import markup
 from nanomt.serve import api, libretranslate, page
 from nanomt.serve.batching import Batcher, Closed, JobTimeout, QueueFull
 from nanomt.serve.errors import add_error_handlers, error
-from nanomt.serve.keys import KeyRing, Limits, RateLimiter
+from nanomt.serve.keys import WINDOW_S, KeyRing, Limits
 from nanomt.serve.metrics import ServerMetrics, add_observer
 from nanomt.serve.models import Model, ModelSet
 from nanomt.serve.settings import MAX_BEAM, ServeConfig
+from nanomt.serve.store import KEYS, Guarded, MemoryStore, SentenceCache, Store, TranslationMemory, open_store
 
 log = logging.getLogger("nanomt.serve")
 
@@ -32,7 +37,7 @@ log = logging.getLogger("nanomt.serve")
 class Server:
     """What every route shares: the settings, the models, the queue and its worker, the metrics."""
 
-    def __init__(self, config: ServeConfig, models: ModelSet):
+    def __init__(self, config: ServeConfig, models: ModelSet, store: Store | None = None):
         self.config, self.models = config, models
         self.metrics = ServerMetrics(lambda: self.engine.depth())
         models.on_load = lambda m: (self.metrics.loaded.labels(m.name).set(1), self.metrics.loads.labels(m.name).inc())
@@ -45,7 +50,12 @@ class Server:
         )
         defaults = Limits(config.req_limit, config.char_limit)
         self.keys = KeyRing.load(config.keys_file, defaults) if config.keys_file else None
-        self.limiter = RateLimiter()
+        self.anonymous = defaults
+        self.store = Guarded(store if store is not None else open_store(config.store), not config.limits_fail_closed)
+        self._inline = isinstance(self.store.store, MemoryStore)  # microseconds: no thread hop for it
+        self.cache = SentenceCache(self.store, config.cache_size, config.cache_age) if config.cache_size else None
+        self.memory = TranslationMemory(self.store)
+        self._hashes: dict[str, str] = {}
 
     def defaults(self, model: Model) -> Decoding:
         """A model's settings for requests that change none: its config's, with the server's beam and glossary."""
@@ -74,10 +84,70 @@ class Server:
         raise ValueError(f"unknown kind of job {key[1]!r}")
 
     async def decode(self, request: Request, model: Model, key: tuple, items: list) -> list:
-        """The results for `items` of `model` (decoded with others of the same key), or a 503 or 504."""
+        """The results for `items` of `model`: corrections from the translation memory, then the sentence cache,
+        the rest decoded with others of the same key (or a 503 or 504) and cached."""
         request.state.sentences = getattr(request.state, "sentences", 0) + len(items)
         if not items:  # e.g. an HTML document of tags only
             return []
+        if key[0] not in ("translate", "n_best", "align"):
+            return await self._decode(model, key, items)
+        results, keys = [None] * len(items), [None] * len(items)
+        if self.config.suggestions:
+            pairs = [(item, None) if isinstance(item, str) else item for item in items]  # (text, forced prefix)
+            unforced = [i for i, (_, prefix) in enumerate(pairs) if prefix is None]
+            found = await self.io(self.memory.find_many, model.name, [pairs[i][0] for i in unforced])
+            as_result = {"translate": lambda t: t, "n_best": lambda t: [(t, 0.0)], "align": markup.Alignment}[key[0]]
+            for i, correction in zip(unforced, found):
+                if correction is not None:
+                    results[i] = as_result(correction)  # HTML: its tags placed by position, as through a pivot
+                    request.state.from_memory = getattr(request.state, "from_memory", set()) | {pairs[i][0]}
+                    self.metrics.memory_hits.inc()
+        cacheable = key[0] != "align"  # an alignment holds the attention: not kept
+        if self.cache is not None and cacheable and key[1].sampling is None:  # a sample is drawn afresh every time
+            weights, setting = await self.weights_hash(model), f"{key[0]}:{key[1]!r}"
+            todo = [i for i, r in enumerate(results) if r is None]
+            for i in todo:
+                keys[i] = self.cache.key(weights, model.name, setting, *items[i])
+            found = await self.io(self.cache.get_many, [keys[i] for i in todo])
+            for i, value in zip(todo, found):
+                if value is not None:
+                    results[i] = value if key[0] == "translate" else [tuple(h) for h in value]
+            hits = sum(v is not None for v in found)
+            self.metrics.cache_hits.inc(hits)
+            self.metrics.cache_misses.inc(len(todo) - hits)
+        todo = [i for i, r in enumerate(results) if r is None]
+        if todo:
+            decoded = await self._decode(model, key, [items[i] for i in todo])
+            for i, value in zip(todo, decoded):
+                results[i] = value
+            stored = [(keys[i], results[i]) for i in todo if keys[i] is not None]
+            if stored:
+                await self.io(lambda: [self.cache.put(k, v) for k, v in stored])
+        return results
+
+    async def io(self, fn, *args):
+        """fn(*args) on the store: in a thread (a network or disk round trip), or here for the memory store."""
+        return fn(*args) if self._inline else await asyncio.to_thread(fn, *args)
+
+    async def weights_hash(self, model: Model) -> str:
+        """The model's weights' hash (its weights file's, else its tensors'), computed once."""
+        if model.name not in self._hashes:
+            self._hashes[model.name] = await asyncio.to_thread(self._weights_hash, model)
+        return self._hashes[model.name]
+
+    def _weights_hash(self, model: Model) -> str:
+        h = hashlib.sha256(b"int8" if self.config.int8 else b"float")
+        if model.path is not None:
+            with open(checkpoint_weights(model.path), "rb") as f:
+                while block := f.read(1 << 20):
+                    h.update(block)
+        else:
+            for name, tensor in model.translator.model.state_dict().items():
+                h.update(name.encode())
+                h.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+        return h.hexdigest()[:32]
+
+    async def _decode(self, model: Model, key: tuple, items: list) -> list:
         texts = [item if isinstance(item, str) else item[0] for item in items]
         tokens = sum(len(ids) + 1 for ids in model.tokenizer.encode_src(texts))  # +1: EOS
         timeout = self.config.timeout
@@ -97,11 +167,23 @@ class Server:
     def key_required(self) -> bool:
         return self.config.api_key is not None or self.keys is not None
 
+    def client_address(self, request: Request) -> str:
+        """The request's client: the connection's address, or behind a trusted proxy (--forwarded-allow-ips) the
+        nearest address of X-Forwarded-For that is no trusted proxy (with '*', every proxy is: the first one)."""
+        address = request.client.host if request.client else "unknown"
+        trusted = self.config.trusted_proxies
+        if not trusted or not ("*" in trusted or address in trusted):
+            return address
+        hops = [h.strip() for h in request.headers.get("x-forwarded-for", "").split(",") if h.strip()]
+        if "*" in trusted:
+            return hops[0] if hops else address
+        return next((hop for hop in reversed(hops) if hop not in trusted), hops[0] if hops else address)
+
     def check_key(self, request: Request, given: str | None, chars: int = 0) -> None:
-        """403 unless the request carries a key of the server (body api_key, Authorization: Bearer, or X-API-Key);
-        with a keys file, 413 past the key's characters a request and 429 (Retry-After) past its requests a minute."""
-        if not self.key_required:
-            return
+        """403 unless the request carries a key of the server (body api_key, Authorization: Bearer, or X-API-Key)
+        where one is required; 413 past the client's characters a request and 429 (Retry-After) past its requests
+        a minute: a key's (its line's, else the server's), or without one the server's per client address.
+        Requests are counted in the store, so that every replica sharing it counts them together."""
         auth = request.headers.get("authorization", "")
         given = given or (auth[7:].strip() if auth[:7].lower() == "bearer " else request.headers.get("x-api-key"))
         key = self.config.api_key
@@ -112,31 +194,41 @@ class Server:
         ):
             return
         found = self.keys.find(given) if self.keys is not None else None
-        if found is None:
+        if found is None and self.key_required:
             raise HTTPException(403, "missing or wrong API key (send api_key, or the header Authorization: Bearer)")
-        request.state.key = found.name
-        if not found.limits.allows_chars(chars):
-            raise HTTPException(
-                413, f"{chars} characters in one request; this key's limit is {found.limits.char_limit}"
-            )
-        decision = self.limiter.check(found.name, found.limits.req_limit)
-        if not decision.allowed:
+        if found is not None:
+            request.state.key = found.name
+            limits, client, whose = found.limits, f"key:{found.name}", "this key's"
+        else:
+            limits, client, whose = self.anonymous, f"ip:{self.client_address(request)}", "the server's"
+        if not limits.allows_chars(chars):
+            raise HTTPException(413, f"{chars} characters in one request; {whose} limit is {limits.char_limit}")
+        if limits.req_limit is None:
+            return
+        hit = self.store.hit(KEYS["rate"].format(client=client), limits.req_limit, WINDOW_S)
+        if hit is None:
+            raise HTTPException(503, "rate limits unavailable: the store is unreachable", headers={"Retry-After": "5"})
+        if not hit.allowed:
+            who = "this key" if found is not None else "this address"
             raise HTTPException(
                 429,
-                f"more than {found.limits.req_limit} requests a minute for this key; retry in {decision.retry_after} s",
-                headers={"Retry-After": str(decision.retry_after)},
+                f"more than {limits.req_limit} requests a minute for {who}; retry in {hit.retry_after} s",
+                headers={"Retry-After": str(hit.retry_after)},
             )
 
 
-def create_app(models: Translator | ModelSet, config: ServeConfig | None = None, **settings) -> FastAPI:
+def create_app(
+    models: Translator | ModelSet, config: ServeConfig | None = None, store: Store | None = None, **settings
+) -> FastAPI:
     """The FastAPI app serving `models` (one Translator, or a ModelSet): nanomt's API, LibreTranslate's, the page,
-    /health, /ready, /metrics. `settings` change fields of `config` (default ServeConfig())."""
+    /health, /ready, /metrics. `settings` change fields of `config` (default ServeConfig()); `store` is the open
+    store (default: the one config.store names)."""
     config = dataclasses.replace(config or ServeConfig(), **settings)
     if isinstance(models, ModelSet):
         model_set = models
     else:
         model_set = ModelSet.of(models, config.languages)
-    server = Server(config, model_set)
+    server = Server(config, model_set, store)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -189,6 +281,7 @@ def _add_probes(app: FastAPI, server: Server) -> None:
             "limits": {"max_sentences": config.max_sentences, "max_chars": config.max_chars, "max_beam": MAX_BEAM},
             "languages": {"source": first.source, "target": first.target},
             "api_key_required": server.key_required,
+            "store": {"url": server.store.url, "reachable": not server.store.down},
         }
 
     @app.get("/ready", responses={503: {"description": "not ready: queue full, shutting down or worker stopped"}})

@@ -57,14 +57,19 @@ def check_size(texts: list[str], max_sentences: int, max_chars: int) -> None:
 
 
 FORM = "application/x-www-form-urlencoded"
+MULTIPART = "multipart/form-data"
 NOT_JSON = (
     "send a JSON body with the header Content-Type: application/json (a form body is LibreTranslate's request, "
     "with a field q)"
 )
 
 
+class FormFields(dict):
+    """A form's fields (LibreTranslate's request shape), as read_body gives them."""
+
+
 async def read_body(request: Request) -> object:
-    """The parsed body: JSON, or a form's fields (a repeated q is a list); malformed JSON is a 400."""
+    """The parsed body: JSON, or a form's fields (FormFields; a repeated q is a list); malformed JSON is a 400."""
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     raw = await request.body()
     if content_type == FORM:
@@ -74,12 +79,10 @@ async def read_body(request: Request) -> object:
                 fields[k] = [*(fields[k] if isinstance(fields[k], list) else [fields[k]]), v]
             else:
                 fields[k] = v
-        if "q" not in fields:
-            raise Refused(error(415, NOT_JSON))
         for k in ("alternatives",):
             if isinstance(fields.get(k), str) and fields[k].isdigit():
                 fields[k] = int(fields[k])
-        return fields
+        return FormFields(fields)
     if "json" not in content_type:  # e.g. curl -d without -H, or text/plain
         raise Refused(error(415, NOT_JSON))
     try:
@@ -103,7 +106,8 @@ def add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = json_safe(exc.errors())
-        if "json" not in request.headers.get("content-type", ""):  # e.g. curl -d without -H: a form, not JSON
+        content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if "json" not in content_type and content_type not in (FORM, MULTIPART):  # e.g. text/plain
             return error(415, "send a JSON body with the header Content-Type: application/json", errors)
         bad_json = [e for e in errors if e.get("type") == "json_invalid"]
         if bad_json:

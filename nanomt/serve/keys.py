@@ -80,8 +80,9 @@ def _digest(key: str) -> bytes:
     return hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()
 
 
-def key_line(key: str, name: str | None = None, req_limit: int | None = None, char_limit: int | None = None) -> str:
-    """The keys file line of a plain key, with the limits given (those left out are the server's defaults)."""
+def key_line(key: str, name: str | None = None, req_limit: int | str | None = None, char_limit=None) -> str:
+    """The keys file line of a plain key, with the limits given (those left out are the server's defaults; "none":
+    no limit)."""
     fields = [hash_key(key)]
     fields += [f"{k}={v}" for k, v in (("name", name), ("req_limit", req_limit), ("char_limit", char_limit)) if v]
     return "  ".join(fields)
@@ -226,6 +227,16 @@ class RateLimiter:
         return len(self._windows)
 
 
+def _limit_arg(text: str) -> int | str:
+    """A limit flag: an integer, or the keys file's own word `none` (no limit)."""
+    if text == "none":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: a positive integer, or none for no limit") from None
+
+
 def main(argv: list[str] | None = None) -> None:
     """`python -m nanomt.serve.keys new|hash`: write a keys file line for a new key, or for a key read from stdin."""
     p = argparse.ArgumentParser(prog="python -m nanomt.serve.keys", description=__doc__.splitlines()[0])
@@ -233,13 +244,13 @@ def main(argv: list[str] | None = None) -> None:
     for name, help_ in (("new", "make a random key; print it and its line"), ("hash", "the line of a key on stdin")):
         s = sub.add_parser(name, help=help_)
         s.add_argument("--name", default=None, help="the key's name in logs and metrics")
-        s.add_argument("--req-limit", type=int, default=None, help="requests per minute (default: the server's)")
-        s.add_argument("--char-limit", type=int, default=None, help="characters per request (default: the server's)")
+        for flag, what in (("--req-limit", "requests per minute"), ("--char-limit", "characters per request")):
+            s.add_argument(flag, type=_limit_arg, default=None, help=f"{what}, or none (default: the server's)")
     args = p.parse_args(argv)
     if args.name is not None and not NAME_RE.fullmatch(args.name):
         p.error(f"--name {args.name!r}: use 1-64 letters, digits and _ . @ -")
     try:
-        Limits(args.req_limit, args.char_limit)
+        Limits(*(None if v == "none" else v for v in (args.req_limit, args.char_limit)))
     except ValueError as e:
         p.error(str(e).replace("_", "-"))
     if args.command == "new":

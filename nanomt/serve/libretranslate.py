@@ -3,17 +3,18 @@ with `q`, GET /languages, POST /detect, GET /frontend/settings. Requests are rou
 
 from __future__ import annotations
 
-from typing import Literal
+import asyncio
+from typing import Annotated, Literal
 
 from fastapi import FastAPI, HTTPException, Request
-from pydantic import BaseModel, Field, StrictInt, StrictStr
+from pydantic import BaseModel, Field, StrictStr
 
 from nanomt.documents import files
 from nanomt.serve import file_routes
 from nanomt.serve.documents import Route
 from nanomt.serve.errors import ERRORS, check_size, read_body, validate
 from nanomt.serve.models import LANGUAGE_NAMES, NoRoute
-from nanomt.serve.schemas import Text
+from nanomt.serve.schemas import JsonInt, Text
 
 MAX_ALTERNATIVES = 3  # LibreTranslate's limit
 
@@ -21,13 +22,15 @@ MAX_ALTERNATIVES = 3  # LibreTranslate's limit
 class LibreTranslateRequest(BaseModel):
     """LibreTranslate's request: q is one text or a list; as JSON or as a form (application/x-www-form-urlencoded)."""
 
-    q: Text | list[Text] = Field(description="text to translate, or a list of texts")
-    source: StrictStr = Field(default="auto", description="source language code, or auto")
-    target: StrictStr = Field(description="target language code")
+    q: Text | Annotated[list[Text], Field(min_length=1)] = Field(
+        description="text to translate, or a list of texts (at least one)"
+    )
+    source: StrictStr = Field(default="auto", min_length=1, description="source language code, or auto")
+    target: StrictStr = Field(min_length=1, description="target language code")
     format: Literal["text", "html"] = Field(
         default="text", description="html: sentences translated whole, inline tags put back around the aligned words"
     )
-    alternatives: StrictInt = Field(
+    alternatives: JsonInt = Field(
         default=0, ge=0, le=MAX_ALTERNATIVES, description="this many other translations from the n-best list"
     )
     api_key: StrictStr | None = Field(default=None, description="the server's API key, when it asks for one")
@@ -44,8 +47,18 @@ class LibreTranslateResponse(BaseModel):
 class DetectRequest(BaseModel):
     """LibreTranslate's /detect request."""
 
-    q: Text | list[Text]
+    q: Text | Annotated[list[Text], Field(min_length=1)]
     api_key: StrictStr | None = None
+
+
+class SuggestRequest(BaseModel):
+    """LibreTranslate's /suggest: a better translation `s` of the sentence `q`."""
+
+    q: Text = Field(min_length=1, description="the source sentence")
+    s: Text = Field(min_length=1, description="its correct translation")
+    source: StrictStr = Field(min_length=1, description="source language code")
+    target: StrictStr = Field(min_length=1, description="target language code")
+    api_key: StrictStr | None = Field(default=None, description="the server's API key, when it asks for one")
 
 
 class Language(BaseModel):
@@ -115,7 +128,7 @@ async def translate(server, request: Request, req: LibreTranslateRequest) -> Lib
     """LibreTranslate's /translate: each text a document (sentences split, spacing kept), or HTML."""
     texts = [req.q] if isinstance(req.q, str) else req.q
     server.check_key(request, req.api_key, sum(map(len, texts)))
-    check_size(texts, server.config.max_sentences, server.config.max_chars)
+    check_size(texts, server.config.sentence_limit, server.config.max_chars)
     out, alts, detected = await _translate_all(server, request, req, texts)
     one = isinstance(req.q, str)
     if detected is not None and one:
@@ -146,17 +159,33 @@ def add_routes(app: FastAPI, server) -> None:
         text = req.q if isinstance(req.q, str) else " ".join(req.q)
         return detections(text, candidates(server))
 
+    @app.post("/suggest", responses=ERRORS)
+    async def suggest(request: Request) -> dict:
+        """LibreTranslate's corrections: with --suggestions, the sentence q of the pair is answered with s from now
+        on (by every replica sharing the store), in documents too."""
+        if not server.config.suggestions:
+            raise HTTPException(403, "Suggestions are disabled on this server.")
+        req = validate(SuggestRequest, await read_body(request))
+        server.check_key(request, req.api_key, len(req.q) + len(req.s))
+        check_size([req.q, req.s], 2, server.config.max_chars)
+        if (req.source, req.target) not in server.models.by_pair:
+            served = ", ".join(server.models.pairs())
+            raise HTTPException(400, f"{req.source}-{req.target} is not translated by one model (served: {served})")
+        if not await asyncio.to_thread(server.memory.add, f"{req.source}-{req.target}", req.q, req.s):
+            raise HTTPException(503, "the correction cannot be kept: the store is unreachable")
+        return {"success": True}
+
     @app.get("/frontend/settings")
     async def frontend_settings() -> dict:
         """What LibreTranslate's web page and clients read before they translate."""
         first = server.models.default
         name = lambda code: {"code": code, "name": LANGUAGE_NAMES.get(code, code)}  # noqa: E731
         return {
-            "charLimit": server.config.max_chars,
+            "charLimit": min(server.config.char_limit or server.config.max_chars, server.config.max_chars),
             "frontendTimeout": 500,
             "apiKeys": server.key_required,
             "keyRequired": server.key_required,
-            "suggestions": False,
+            "suggestions": server.config.suggestions,
             "filesTranslation": True,
             "supportedFilesFormat": list(files.FORMATS),
             "language": {"source": name(first.source), "target": name(first.target)},

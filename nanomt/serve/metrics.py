@@ -42,6 +42,9 @@ class ServerMetrics:
         self.model_seconds = Counter("nanomt_model_decode_seconds", "seconds spent decoding, by model", **per_model)
         self.loaded = Gauge("nanomt_model_loaded", "whether a model is in memory (1) or not (0)", **per_model)
         self.loads = Counter("nanomt_model_loads", "times a model was loaded", **per_model)
+        self.cache_hits = Counter("nanomt_cache_hits", "sentences answered from the sentence cache", registry=r)
+        self.cache_misses = Counter("nanomt_cache_misses", "sentences looked up in the cache and decoded", registry=r)
+        self.memory_hits = Counter("nanomt_memory_hits", "sentences answered with a stored correction", registry=r)
         self.window = 60.0
         self._recent: deque[tuple[float, int, int]] = deque()  # (time, sentences, tokens) of recent batches
         self._lock = threading.Lock()

@@ -9,6 +9,7 @@ from nanomt.serve.app import create_app
 from nanomt.serve.metrics import json_logs
 from nanomt.serve.models import ModelSet
 from nanomt.serve.settings import ServeConfig
+from nanomt.serve.store import open_store
 
 
 def serve(config: ServeConfig) -> None:
@@ -17,6 +18,7 @@ def serve(config: ServeConfig) -> None:
 
     if config.api_key is None and os.environ.get("NANOMT_API_KEY"):
         config = ServeConfig(**{**vars(config), "api_key": os.environ["NANOMT_API_KEY"]})
+    store = open_store(config.store)  # unreachable or corrupted: a one-line error naming it, before any loading
     models = ModelSet.read(config.models, config.pivot, config.max_loaded, config.device, config.int8)
     if config.max_loaded is None or config.max_loaded >= len(models.models):
         for model in models.models:  # everything fits: loaded now, so the first request does not wait
@@ -24,10 +26,11 @@ def serve(config: ServeConfig) -> None:
     # As `nanomt translate` does (nanomt/cli/models.py): decoding's large blocks kept in the heap.
     if config.device.startswith("cpu"):
         runtime.keep_freed_memory()
-    app = create_app(models, config)
+    app = create_app(models, config, store)
     if config.access_log:
         json_logs()
     uvicorn.run(
         app, host=config.host, port=config.port, log_level="info", access_log=False,
         timeout_graceful_shutdown=config.grace_seconds,
+        proxy_headers=False,  # X-Forwarded-For is read by the server itself, from --forwarded-allow-ips only
     )  # fmt: skip

@@ -10,9 +10,9 @@ from pydantic import (
     BeforeValidator,
     Field,
     StrictBool,
-    StrictFloat,
-    StrictInt,
     StrictStr,
+    confloat,
+    conint,
     field_validator,
     model_validator,
 )
@@ -22,9 +22,34 @@ from nanomt.core.decoding import Decoding
 from nanomt.decoding.glossary import checked
 from nanomt.serve.settings import MAX_BEAM
 
-BeamSize = StrictInt  # strict: `true` or "5" are type errors, not beam sizes
+
+def _integral(value):
+    """JSON Schema's integer: 1.0 is one (the OpenAPI schema says integer, so a client may send it)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _number(value):
+    """JSON Schema's number: 1 is one (a float here)."""
+    return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+# Strict: `true` or "5" are type errors, not numbers; an integral float (1.0) is the integer it equals, an integer
+# the float it equals. Bounds go inside the type, where the OpenAPI schema gets them as minimum and maximum.
+def json_int(**bounds):
+    """A strict integer within `bounds` (conint's), that takes an integral float."""
+    return Annotated[conint(strict=True, **bounds), BeforeValidator(_integral)]
+
+
+def json_float(**bounds):
+    """A strict finite float within `bounds` (confloat's), that takes an integer."""
+    return Annotated[confloat(strict=True, allow_inf_nan=False, **bounds), BeforeValidator(_number)]
+
+
+JsonInt = json_int()
+BeamSize = json_int(ge=1, le=MAX_BEAM)
 SURROGATE = re.compile("[\ud800-\udfff]")
 SAMPLING = ("temperature", "top_k", "top_p")
+MIN_FACTOR, MAX_FACTOR = 1e-3, 1e3  # the range of a temperature or a repetition penalty
 
 
 def _no_lone_surrogate(text):
@@ -44,24 +69,37 @@ def _no_lone_surrogate(text):
 Text = Annotated[StrictStr, BeforeValidator(_no_lone_surrogate)]
 
 
+# Rules across fields that the JSON schema does not express; a request that breaks one is a 422 of this type, and
+# the schema's description of the request lists them (tests/test_schema.py accepts these refusals, no others).
+CROSS_FIELD_RULES = {
+    "seed_without_sampling": "seed only with temperature, top_k or top_p",
+    "beam_with_sampling": "beam_size 1 (or none) with sampling",
+    "prefix_with_split": "no prefix with split",
+    "prefix_count": "one prefix per text",
+}
+
+
 class DecodingRequest(BaseModel):
     """The decoding settings a request may change (any sampling setting samples instead); the server's otherwise."""
 
-    beam_size: BeamSize | None = Field(default=None, ge=1, le=MAX_BEAM, description="default: the server's")
-    temperature: StrictFloat | None = Field(
-        default=None, gt=0, allow_inf_nan=False, description="sample at this temperature (default 1 when sampling)"
+    model_config = {"json_schema_extra": {"x-rules": list(CROSS_FIELD_RULES.values())}}
+
+    beam_size: BeamSize | None = Field(default=None, description="default: the server's")
+    # Bounded where float32 logits stay finite once divided (a temperature of 1e-40 made them inf: a 500).
+    temperature: json_float(ge=MIN_FACTOR, le=MAX_FACTOR) | None = Field(
+        default=None, description="sample at this temperature (default 1 when sampling)"
     )
-    top_k: StrictInt | None = Field(default=None, ge=0, description="sample from the k likeliest tokens (0: all)")
-    top_p: StrictFloat | None = Field(default=None, gt=0, le=1, description="nucleus sampling (1: off)")
-    seed: StrictInt | None = Field(
-        default=None, ge=0, lt=2**64, description="makes sampling reproducible (default: a fresh draw)"
+    top_k: json_int(ge=0) | None = Field(default=None, description="sample from the k likeliest tokens (0: all)")
+    top_p: json_float(gt=0, le=1) | None = Field(default=None, description="nucleus sampling (1: off)")
+    seed: json_int(ge=0, lt=2**64) | None = Field(
+        default=None, description="makes sampling reproducible (default: a fresh draw)"
     )
     glossary: list[tuple[Text, Text]] | dict[Text, Text] | None = Field(
         default=None, description="[source term, target term] pairs (or an object): terms the translations use"
     )
-    no_repeat_ngram_size: StrictInt | None = Field(default=None, ge=0, description="no n-gram twice (0: off)")
-    repetition_penalty: StrictFloat | None = Field(
-        default=None, gt=0, allow_inf_nan=False, description="> 1 discourages repeated tokens (1: off)"
+    no_repeat_ngram_size: json_int(ge=0) | None = Field(default=None, description="no n-gram twice (0: off)")
+    repetition_penalty: json_float(ge=MIN_FACTOR, le=MAX_FACTOR) | None = Field(
+        default=None, description="> 1 discourages repeated tokens (1: off)"
     )
 
     @model_validator(mode="after")
@@ -109,8 +147,12 @@ class TranslateRequest(DecodingRequest):
         "e-mail addresses, code and emojis kept as they are (false: each text is one sentence)",
     )
     scores: StrictBool = Field(default=False, description="return each translation's score (summed over sentences)")
-    source: StrictStr | None = Field(default=None, description="source language code (default: the first model's)")
-    target: StrictStr | None = Field(default=None, description="target language code (default: the first model's)")
+    source: StrictStr | None = Field(
+        default=None, min_length=1, description="source language code (default: the first model's)"
+    )
+    target: StrictStr | None = Field(
+        default=None, min_length=1, description="target language code (default: the first model's)"
+    )
     api_key: StrictStr | None = Field(default=None, description="the server's API key, when it asks for one")
 
     @field_validator("text", mode="before")
@@ -149,14 +191,20 @@ class TranslateResponse(BaseModel):
     terms_missed: list[int] | None = None
     # the language pairs the translations went through, where no one model translates the pair
     route: list[str] | None = None
+    # texts with a sentence answered from the translation memory (a correction sent to /suggest), not the model
+    memory: list[int] | None = None
 
 
 class AttentionRequest(DecodingRequest):
     """One sentence whose translation and cross-attention to return, decoded with the settings /translate takes."""
 
     text: Text = Field(min_length=1)
-    source: StrictStr | None = Field(default=None, description="source language code (default: the first model's)")
-    target: StrictStr | None = Field(default=None, description="target language code (default: the first model's)")
+    source: StrictStr | None = Field(
+        default=None, min_length=1, description="source language code (default: the first model's)"
+    )
+    target: StrictStr | None = Field(
+        default=None, min_length=1, description="target language code (default: the first model's)"
+    )
     api_key: StrictStr | None = Field(default=None, description="the server's API key, when it asks for one")
 
 

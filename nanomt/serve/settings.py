@@ -95,9 +95,46 @@ class ServeConfig:
         metavar="FILE",
         help="API keys, hashed, with limits of their own (`python -m nanomt.serve.keys new`; docs/serving.md)",
     )
-    req_limit: int | None = setting(None, help="a key's requests a minute, unless its line says (default: no limit)")
+    req_limit: int | None = setting(
+        None,
+        help="requests a minute of each client: a key without a limit of its own, and a request without a key per "
+        "client address (LibreTranslate's --req-limit; default: no limit)",
+    )
     char_limit: int | None = setting(
-        None, help="a key's characters a request, unless its line says (default: no limit)"
+        None,
+        help="characters a request of each client, unless its key's line says (LibreTranslate's --char-limit; "
+        "default: --max-chars)",
+    )
+    batch_limit: int | None = setting(
+        None, help="texts a request, for the whole server (LibreTranslate's --batch-limit; default: --max-sentences)"
+    )
+    forwarded_allow_ips: str | None = setting(
+        None,
+        metavar="IPS",
+        help="comma-separated addresses of trusted reverse proxies ('*': any): a request from one of them is counted "
+        "against the client address of its X-Forwarded-For header (default: none, the connection's address)",
+    )
+    store: str = setting(
+        "memory://",
+        metavar="URL",
+        help="where the server remembers rate-limit windows, files awaiting download, the sentence cache and the "
+        "translation memory: memory:// (default: this process), sqlite:///PATH (one machine, survives restarts) "
+        "or redis://HOST:PORT/DB (a fleet of replicas; docs/serving.md)",
+    )
+    limits_fail_closed: bool = setting(
+        False,
+        help="while the store is unreachable, refuse (503) the requests a rate limit applies to (default: allow "
+        "them; translations answer either way, the cache skipped)",
+    )
+    cache_size: int = setting(
+        100_000,
+        help="sentence translations the cache keeps, the oldest dropped first (0: no cache; default %(default)s)",
+    )
+    cache_age: float = setting(7 * 86400.0, help="seconds a cached translation is kept (default %(default)g)")
+    suggestions: bool = setting(
+        False,
+        help="accept corrections (LibreTranslate's POST /suggest): a corrected sentence is answered with its "
+        "correction",
     )
     languages: tuple[str, str] | None = None  # the pair of a model given as a Translator (create_app)
     glossary: tuple[tuple[str, str], ...] = setting(
@@ -134,6 +171,7 @@ class ServeConfig:
         if self.timeout is not None and not (self.timeout > 0 and math.isfinite(self.timeout)):
             raise ValueError(f"timeout must be > 0 seconds, got {self.timeout}")
         positive = ("max_batch_tokens", "queue_size", "max_sentences", "max_chars", "req_limit", "char_limit")
+        positive += ("batch_limit",)
         for name, least in ((n, 1) for n in positive):
             value = getattr(self, name)
             if value is not None and value < least:
@@ -142,8 +180,19 @@ class ServeConfig:
             raise ValueError(f"max_wait_ms must be >= 0, got {self.max_wait_ms}")
         if self.max_loaded is not None and self.max_loaded < 1:
             raise ValueError(f"max_loaded must be >= 1, got {self.max_loaded}")
+        if self.cache_size < 0 or not self.cache_age > 0:
+            raise ValueError(f"cache_size must be >= 0 and cache_age > 0, got {self.cache_size}, {self.cache_age}")
         if self.api_key == "":  # an empty key is no key
             object.__setattr__(self, "api_key", None)
+
+    @property
+    def sentence_limit(self) -> int:
+        """Texts a request may hold: --batch-limit within --max-sentences."""
+        return min(self.max_sentences, self.batch_limit or self.max_sentences)
+
+    @property
+    def trusted_proxies(self) -> frozenset[str]:
+        return frozenset(a.strip() for a in (self.forwarded_allow_ips or "").split(",") if a.strip())
 
     @property
     def grace_seconds(self) -> int | None:
