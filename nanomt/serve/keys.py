@@ -16,14 +16,9 @@ from __future__ import annotations
 import argparse
 import hashlib
 import hmac
-import math
 import re
 import secrets
 import sys
-import threading
-import time
-from collections import deque
-from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +27,6 @@ HASH_RE = re.compile(r"sha256:([0-9a-f]{64})")
 NAME_RE = re.compile(r"[A-Za-z0-9_.@-]{1,64}")
 FIELDS = ("name", "req_limit", "char_limit")
 WINDOW_S = 60.0  # req_limit counts requests per minute
-SWEEP_EVERY = 1024  # checks between two sweeps of idle clients
 
 
 class KeysFileError(ValueError):
@@ -175,56 +169,6 @@ def _limit(fields: dict[str, str], name: str, default: int | None) -> int | None
     if not value.isdigit() or int(value) < 1:
         raise ValueError(f"{name}={value}: a positive integer, or none for no limit")
     return int(value)
-
-
-@dataclass(frozen=True)
-class Decision:
-    """A rate limiter's answer: allowed, or refused with the whole seconds to wait (the Retry-After header)."""
-
-    allowed: bool
-    retry_after: int = 0
-
-
-class RateLimiter:
-    """Requests per minute per client, a sliding window: at most `limit` accepted requests in any 60 s."""
-
-    # A log of the accepted requests' times per client (at most `limit` each): exact, where a fixed window lets
-    # 2 x limit through around its edge and a token bucket lets a burst of `limit` through after idling.
-
-    def __init__(self, clock: Callable[[], float] = time.monotonic):
-        self._clock = clock
-        self._windows: dict[Hashable, deque[float]] = {}
-        self._lock = threading.Lock()
-        self._checks = 0
-
-    def check(self, client: Hashable, limit: int | None) -> Decision:
-        """Count a request of `client` (a key's name, an address) against `limit` per minute, if it is allowed."""
-        if limit is None:
-            return Decision(True)
-        with self._lock:
-            now = self._clock()
-            self._checks += 1
-            if self._checks % SWEEP_EVERY == 0:
-                self._sweep(now)
-            window = self._windows.setdefault(client, deque())
-            while window and window[0] <= now - WINDOW_S:
-                window.popleft()
-            if len(window) < limit:
-                window.append(now)
-                return Decision(True)
-            # The window has room again once its `limit`-th newest request is 60 s old.
-            wait = window[-limit] + WINDOW_S - now
-            return Decision(False, max(1, math.ceil(wait)))
-
-    def _sweep(self, now: float) -> None:
-        """Forget the clients with no request in the last minute, so that memory follows the active ones."""
-        idle = [c for c, w in self._windows.items() if not w or w[-1] <= now - WINDOW_S]
-        for client in idle:
-            del self._windows[client]
-
-    def clients(self) -> int:
-        """How many clients the limiter holds a window for."""
-        return len(self._windows)
 
 
 def _limit_arg(text: str) -> int | str:

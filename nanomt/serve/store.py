@@ -47,6 +47,9 @@ class StoreDown(RuntimeError):
     """A store that stopped answering while serving."""
 
 
+SWEEP_EVERY = 1024  # counted requests between two sweeps of idle clients in memory
+
+
 @dataclass(frozen=True)
 class Hit:
     """A counter's answer: allowed, or refused with the whole seconds until the window has room (Retry-After)."""
@@ -116,7 +119,7 @@ class MemoryStore(Store):
                 while len(group) > bound[1]:
                     self._values.pop(group.popitem(last=False)[0], None)
             self._puts += 1
-            if self._puts % 1024 == 0:  # expired values go, so that memory follows the live ones
+            if self._puts % SWEEP_EVERY == 0:  # expired values go, so that memory follows the live ones
                 for k in [k for k, (_, t) in self._values.items() if t <= now]:
                     del self._values[k]
 
@@ -130,7 +133,7 @@ class MemoryStore(Store):
         with self._lock:
             now = self._clock()
             self._puts += 1
-            if self._puts % 1024 == 0:  # idle clients go, so that memory follows the active ones
+            if self._puts % SWEEP_EVERY == 0:  # idle clients go, so that memory follows the active ones
                 for c in [c for c, w in self._windows.items() if not w or w[-1] <= now - window]:
                     del self._windows[c]
             w = self._windows.setdefault(client, deque())
