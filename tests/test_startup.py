@@ -88,6 +88,17 @@ def test_serve_settings_and_the_package_import_without_fastapi_or_torch():
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
 
 
+def test_translating_loads_no_compiler():
+    """Importing the Translator (the model included) leaves torch's compiler unloaded: it costs 1.2 s of start-up
+    (torch.nn.attention.varlen imports it; packed training on CUDA loads it when it runs)."""
+    code = (
+        "import sys; from nanomt.decoding.translate import Translator; "
+        "assert 'torch' in sys.modules and 'torch._dynamo' not in sys.modules, 'torch._dynamo'; print('ok')"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
+
+
 def test_public_names_are_imported_when_used():
     import nanomt
     from nanomt.core.config import ModelConfig

@@ -18,10 +18,21 @@ from torch import Tensor
 
 from nanomt.core.config import ModelConfig
 
-try:  # CUDA's flash kernel over packed sequences given by cumulative lengths (PyTorch >= 2.10)
-    from torch.nn.attention.varlen import varlen_attn
-except ImportError:  # pragma: no cover - older PyTorch: packed batches take the block-diagonal mask
-    varlen_attn = None
+# CUDA's flash kernel over packed sequences given by cumulative lengths (PyTorch >= 2.10): None until first asked
+# for (importing it loads torch's compiler, 1.2 s of every command's start-up), False where this PyTorch lacks it.
+varlen_attn = None
+
+
+def varlen_kernel():
+    """torch.nn.attention.varlen.varlen_attn, imported on first use; None where this PyTorch has none."""
+    global varlen_attn
+    if varlen_attn is None:
+        try:
+            from torch.nn.attention.varlen import varlen_attn
+        except ImportError:  # pragma: no cover - older PyTorch: packed batches take the block-diagonal mask
+            varlen_attn = False
+    return varlen_attn or None
+
 
 # ---------------------------------------------------------------------------------------------------------
 # Masks and positions: pure functions.
@@ -156,7 +167,7 @@ def varlen_attention(q: Tensor, k: Tensor, v: Tensor, mask: SegmentMask) -> Tens
         return x.transpose(1, 2).reshape(-1, h, kd)  # (B * T, H, K): the rows one after another
 
     window = (-1, 0) if mask.causal else (-1, -1)
-    out = varlen_attn(flat(q), flat(k), flat(v), mask.cu_q, mask.cu_k, mask.max_q, mask.max_k, window_size=window)
+    out = varlen_kernel()(flat(q), flat(k), flat(v), mask.cu_q, mask.cu_k, mask.max_q, mask.max_k, window_size=window)
     return out.view(b, t, h, kd).transpose(1, 2)  # (B, H, T, K)
 
 
@@ -164,7 +175,12 @@ def use_varlen(q: Tensor, mask: SegmentMask, dropout_p: float, need_weights: boo
     """Whether the varlen kernel can run this: CUDA, half precision, cumulative lengths given, no dropout/weights."""
     half = q.dtype in (torch.float16, torch.bfloat16)
     return (
-        varlen_attn is not None and q.is_cuda and half and mask.cu_q is not None and not need_weights and not dropout_p
+        q.is_cuda
+        and half
+        and mask.cu_q is not None
+        and not need_weights
+        and not dropout_p
+        and varlen_kernel() is not None
     )
 
 

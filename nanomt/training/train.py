@@ -28,7 +28,7 @@ from nanomt.core import runtime
 from nanomt.core.batches import bucket, make_batches
 from nanomt.core.checkpoint import TrainState
 from nanomt.core.config import Config, SplitConfig, TrainConfig, load_config, save_config, to_dict
-from nanomt.core.model import Transformer, varlen_attn
+from nanomt.core.model import Transformer, varlen_kernel
 from nanomt.core.runtime import Runtime, autocast
 from nanomt.core.tokenizer import Tokenizer, train_tokenizer
 from nanomt.decoding.translate import Translator
@@ -442,7 +442,10 @@ def collate_for_step(corpus: Corpus, indices, cfg: Config, rt: Runtime) -> Batch
     if cfg.train.packed:
         # One row where the varlen kernel runs (its cost: each sentence's own); elsewhere a dense mask costs the row's.
         varlen = (
-            cuda and varlen_attn is not None and rt.precision in ("bf16", "fp16") and not cfg.model.attention_dropout
+            cuda
+            and rt.precision in ("bf16", "fp16")
+            and not cfg.model.attention_dropout
+            and varlen_kernel() is not None
         )
         row_tokens = cfg.train.pack_row_tokens or (cfg.train.max_tokens + 1 if varlen else PACK_ROW_TOKENS_CPU)
         b = pack(corpus, indices, ids, row_tokens, PAD_MULTIPLE if cuda else 1, bucket if compiled else None)
