@@ -4,8 +4,9 @@ The public names are imported when first used (`nanomt.Translator`, `from nanomt
 nanomt itself imports no torch, so that `nanomt --help` and the torch-free tools (a CTranslate2 worker) start fast.
 """
 
-import importlib
 import os
+
+from nanomt.core.lazy import lazy_names
 
 # oneDNN, which runs bf16 matmuls on the CPU, JIT-compiles a kernel for each matrix shape and caches 1,024 of
 # them. Length-bucketed batches bring ~160 shapes an epoch and dozens of kernels each, so the default cache
@@ -32,13 +33,4 @@ _PUBLIC = {
 __all__ = sorted(_PUBLIC)
 
 
-def __getattr__(name: str):
-    if name not in _PUBLIC:
-        raise AttributeError(f"module 'nanomt' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_PUBLIC[name]), name)
-    globals()[name] = value  # the next look-up finds it without this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_PUBLIC])
+__getattr__, __dir__ = lazy_names(__name__, _PUBLIC)

@@ -4,24 +4,21 @@ Hugging Face Marian, Argos Translate packages).
 The names load with their module when first used: the CTranslate2 side (`ct2`, `argos`) runs without torch.
 """
 
-import importlib
+from nanomt.core.lazy import lazy_names
 
-_MODULES = {
-    "ArgosExportError": "argos",
-    "export_argos": "argos",
-    "Ct2ExportError": "ct2",
-    "Ct2Translator": "ct2",
-    "export_ct2": "ct2",
-    "MarianImportError": "marian",
-    "import_marian": "marian",
-    "MarianExportError": "marian_export",
-    "export_marian": "marian_export",
-    "export_onnx": "onnx",
+_PUBLIC = {
+    "ArgosExportError": "nanomt.interop.argos",
+    "export_argos": "nanomt.interop.argos",
+    "Ct2ExportError": "nanomt.interop.ct2",
+    "Ct2Translator": "nanomt.interop.ct2",
+    "export_ct2": "nanomt.interop.ct2",
+    "MarianImportError": "nanomt.interop.marian",
+    "import_marian": "nanomt.interop.marian",
+    "MarianExportError": "nanomt.interop.marian_export",
+    "export_marian": "nanomt.interop.marian_export",
+    "export_onnx": "nanomt.interop.onnx",
 }
-__all__ = sorted(_MODULES)
+__all__ = sorted(_PUBLIC)
 
 
-def __getattr__(name: str):
-    if name not in _MODULES:
-        raise AttributeError(f"module 'nanomt.interop' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"nanomt.interop.{_MODULES[name]}"), name)
+__getattr__, __dir__ = lazy_names(__name__, _PUBLIC)

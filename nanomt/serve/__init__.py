@@ -7,7 +7,7 @@ The names below are imported when first used, so that `nanomt.serve.settings` (t
 without FastAPI, which is an extra: `pip install 'nanomt[serve]'`.
 """
 
-import importlib
+from nanomt.core.lazy import lazy_names
 
 # Each public name and the module it lives in.
 _PUBLIC = {
@@ -20,13 +20,4 @@ _PUBLIC = {
 __all__ = sorted(_PUBLIC)
 
 
-def __getattr__(name: str):
-    if name not in _PUBLIC:
-        raise AttributeError(f"module 'nanomt.serve' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_PUBLIC[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_PUBLIC])
+__getattr__, __dir__ = lazy_names(__name__, _PUBLIC)
