@@ -139,11 +139,23 @@ def tiny_config(corpus: dict[str, Path], **train) -> dict:
             "valid_bleu_sentences": 20,
             "num_threads": 1,
             "progress": False,
+            "calibrate": False,  # a test of the confidence turns it on: others need not pay its decoding
         },
         "decode": {"beam_size": 2, "max_len_a": 1.5, "max_len_b": 5},
     }
     cfg["train"].update(train)
     return cfg
+
+
+@pytest.fixture(scope="session")
+def calibrated_run(toy_corpus, tmp_path_factory) -> Path:
+    """A tiny run calibrated when its training ended (its validation set has the 100 sentences needed): read only."""
+    from nanomt.core.config import config_from_dict
+    from nanomt.training.train import train
+
+    torch.set_num_threads(1)
+    cfg = tiny_config(toy_corpus, max_steps=60, eval_every=60, save_every=60, calibrate=True)
+    return train(config_from_dict(cfg), tmp_path_factory.mktemp("calibrated") / "run")
 
 
 TIED_VOCAB = 50

@@ -1,6 +1,7 @@
 """The translator page at `/`, driven in headless Chromium as a person uses it: languages, typing, swap, auto,
-alternatives, attention, a file, a glossary, the API key, errors in words, a phone-sized dark window, and all of it
-under a URL prefix (the app mounted at /mt) as well as at /. One server and one browser for the module.
+alternatives, attention, the sentences' confidence, a file, a glossary, the API key, errors in words, a phone-sized
+dark window, and all of it under a URL prefix (the app mounted at /mt) as well as at /. One server and one browser
+for the module.
 
 Set NANOMT_SCREENSHOTS=DIR (e.g. docs/images) to keep the screenshots the run takes there.
 """
@@ -18,6 +19,7 @@ import torch
 from conftest import tiny_config
 
 from nanomt.core.config import config_from_dict
+from nanomt.decoding import calibration as calib
 from nanomt.training.train import train
 
 pytest.importorskip("fastapi")
@@ -62,10 +64,21 @@ return [coloured, colours.size, c.width * c.height];
 
 @pytest.fixture(scope="module")
 def run(toy_corpus, tmp_path_factory):
-    """One tiny run, served as three language pairs."""
+    """One tiny run, served as three language pairs, calibrated (the confidence the page shows) on the toy corpus's
+    100 validation sentences."""
     torch.set_num_threads(1)
-    cfg = config_from_dict(tiny_config(toy_corpus, max_steps=300, eval_every=300, save_every=300))
-    return train(cfg, tmp_path_factory.mktemp("page") / "run")
+    cfg = config_from_dict(tiny_config(toy_corpus, max_steps=300, eval_every=300, save_every=300, calibrate=True))
+    out = train(cfg, tmp_path_factory.mktemp("page") / "run")
+    assert (out / calib.CALIBRATION).is_file()
+    return out
+
+
+@pytest.fixture(scope="module")
+def plain_run(run, tmp_path_factory):
+    """The same model, never calibrated."""
+    copy = tmp_path_factory.mktemp("plain") / "run"
+    shutil.copytree(run, copy, ignore=shutil.ignore_patterns("checkpoints", calib.CALIBRATION))
+    return copy
 
 
 @pytest.fixture(scope="module")
@@ -84,20 +97,27 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def base(run, tmp_path_factory):
-    """A server in a thread: the app at / and again under /mt (as behind a proxy with a prefix), and at /limited
-    an app asking for a key allowed 3 requests a minute and 60 characters a request."""
+def base(run, plain_run, tmp_path_factory):
+    """A server in a thread: the app at / and again under /mt (as behind a proxy with a prefix), at /limited an app
+    asking for a key allowed 3 requests a minute and 60 characters a request, and at /plain the model without its
+    calibration."""
     keys = tmp_path_factory.mktemp("keys") / "keys"
     keys.write_text(key_line(KEY, "page", req_limit=3, char_limit=60) + "\n")
     app = create_app(models(run), ServeConfig(access_log=False, max_chars=2000))
     limited = create_app(models(run), ServeConfig(access_log=False, keys_file=str(keys)))
+    plain = create_app(models(plain_run), ServeConfig(access_log=False))
 
     @contextlib.asynccontextmanager
     async def lifespan(_):
-        async with app.router.lifespan_context(app), limited.router.lifespan_context(limited):
+        async with (
+            app.router.lifespan_context(app),
+            limited.router.lifespan_context(limited),
+            plain.router.lifespan_context(plain),
+        ):
             yield
 
-    parent = FastAPI(lifespan=lifespan, routes=[Mount("/mt", app), Mount("/limited", limited), Mount("", app)])
+    mounts = [Mount("/mt", app), Mount("/limited", limited), Mount("/plain", plain), Mount("", app)]
+    parent = FastAPI(lifespan=lifespan, routes=mounts)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(parent, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -212,7 +232,8 @@ def test_the_page_and_its_files_are_served_with_no_network(run):
         page = c.get("/")
         assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
         assert "default-src 'self'" in page.headers["content-security-policy"]
-        for name in ("page.css", "api.js", "languages.js", "translate.js", "files.js", "attention.js", "main.js"):
+        names = ("page.css", "api.js", "languages.js", "translate.js", "files.js", "attention.js", "confidence.js")
+        for name in (*names, "main.js"):
             assert f'"static/{name}"' in page.text  # relative: works under a prefix
             res = c.get(f"/static/{name}")
             assert res.status_code == 200 and len(res.text) > 500, name
@@ -418,6 +439,178 @@ def test_a_phone_sized_dark_window(browser, base, lines, tmp_path):
         background = browser.execute_script("return getComputedStyle(document.body).backgroundColor")
         assert background == "rgb(20, 24, 31)", background
         page.screenshot("page-phone-dark.png", tmp_path)
+        # The confidence's shades are the dark theme's.
+        answer = {
+            "calibrated": True,
+            "sentences": [{"source": "s", "translation": "a b", "confidence": c} for c in (0.5, 0.1)],
+        }
+        browser.execute_script("Translate.render('s', 'a b a b', Confidence.of(arguments[0]))", answer)
+        shades = browser.execute_script(
+            "return [...document.querySelectorAll('#output .sent')].map((s) => getComputedStyle(s).backgroundColor)"
+        )
+        assert shades == ["rgb(74, 61, 22)", "rgb(82, 37, 42)"], shades
     finally:
         browser.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": []})
         browser.set_window_size(1100, 1000)
+
+
+LEVELS = ("conf-high", "conf-medium", "conf-low")
+# The translation's marks: shaded sentences, doubtful words.
+MARKS_JS = "return document.getElementById('output').querySelectorAll('.conf-high, .conf-medium, .conf-low, .doubtful')"
+
+
+def level(confidence: float) -> str:
+    return "conf-high" if confidence >= 0.6 else "conf-medium" if confidence >= 0.4 else "conf-low"
+
+
+def doubtful_titles(sentence: dict) -> list[str]:
+    """The title of each doubtful word: its probability, from the next entry of `words` with that word under 0.5."""
+    titles, k = [], 0
+    for w in sentence["doubtful"]:
+        j = next(i for i, x in enumerate(sentence["words"]) if i >= k and x["word"] == w and x["probability"] < 0.5)
+        titles.append(f"word probability {sentence['words'][j]['probability']:.2f}")
+        k = j + 1
+    return titles
+
+
+def stub_clipboard(browser) -> None:
+    """navigator.clipboard.writeText keeps what it is given in window.copied."""
+    browser.execute_script(
+        "Object.defineProperty(navigator, 'clipboard', {configurable: true, value: "
+        "{writeText: async (t) => { window.copied = t; }}});"
+    )
+
+
+@pytest.mark.slow
+def test_each_sentence_is_shaded_by_its_confidence_and_doubtful_words_underlined(browser, base, lines, tmp_path):
+    """The translation as the API's sentences: a span each, its class the confidence's level and its title the value;
+    the doubtful words underlined with their probability; a legend; the text (and what Copy copies) unchanged."""
+    from selenium.webdriver.common.by import By
+
+    browser.get_log("browser")  # the earlier tests' messages: not this test's
+    page = Page(browser, f"{base}/")
+    page.pick("German", "English")
+    text = "\n".join([lines[10], f"{lines[11]} {lines[12]}", "", *lines[13:19]])
+    shown = page.type(text)
+    api = lt(base, text, "de", "en", format="text", confidence=True)  # the page's request
+    assert api["calibrated"] is True and isinstance(api["confidence"], float)
+    assert shown == api["translatedText"]
+
+    expected = [s for s in api["sentences"] if s["translation"]]
+    spans = browser.find_elements(By.CSS_SELECTOR, "#output .sent")
+    assert len(spans) == len(expected) >= 7, (shown, api["sentences"])
+    for span, s in zip(spans, expected):
+        classes = span.get_attribute("class").split()
+        assert [c for c in classes if c in LEVELS] == [level(s["confidence"])], (classes, s["confidence"])
+        assert span.get_attribute("title").startswith(f"confidence {s['confidence']:.2f}")
+        assert span.get_attribute("textContent") == s["translation"]
+        assert span.get_attribute("data-source") == s["source"]
+        doubtful = span.find_elements(By.CSS_SELECTOR, ".doubtful")
+        assert [d.get_attribute("textContent") for d in doubtful] == s["doubtful"], s
+        assert [d.get_attribute("title") for d in doubtful] == doubtful_titles(s)
+    assert any(s["doubtful"] for s in expected)  # the test sees some underlined
+    shades = {
+        c: browser.execute_script("return getComputedStyle(arguments[0]).backgroundColor", span)
+        for span, c in ((span, level(s["confidence"])) for span, s in zip(spans, expected))
+    }
+    assert shades.get("conf-high", "rgba(0, 0, 0, 0)") == "rgba(0, 0, 0, 0)", shades  # high: not shaded
+    assert all(v != "rgba(0, 0, 0, 0)" for c, v in shades.items() if c != "conf-high"), shades
+    underline = browser.execute_script(
+        "return getComputedStyle(document.querySelector('#output .doubtful')).textDecorationStyle"
+    )
+    assert underline == "wavy"
+
+    legend = page.el("confidence-legend")
+    assert legend.is_displayed() and not page.el("confidence-none").is_displayed()
+    assert "high" in legend.text and "low" in legend.text and "doubtful word" in legend.text
+    page.screenshot("page-confidence.png", tmp_path)
+
+    # Copy copies the text, not the marks.
+    stub_clipboard(browser)
+    page.el("copy").click()
+    page.wait.until(lambda d: page.el("copy").text == "Copied")
+    assert browser.execute_script("return window.copied") == api["translatedText"]
+
+    # A click on an underlined word is a click on its sentence: the alternatives and attention of it.
+    owner = next(span for span, s in zip(spans, expected) if s["doubtful"])
+    owner.find_element(By.CSS_SELECTOR, ".doubtful").click()
+    page.wait.until(lambda d: page.el("alternatives").get_attribute("data-state") == "done")
+    assert "selected" in owner.get_attribute("class").split()
+    assert page.el("sentence-source").text == owner.get_attribute("data-source")
+    page.wait.until(lambda d: page.el("heatmap").get_attribute("data-drawn") == "true")
+    # An alternative picked: its text, no longer the marks of the old one; the first (the translation) puts them back.
+    buttons = page.el("alternatives").find_elements(By.TAG_NAME, "button")
+    buttons[-1].click()
+    assert owner.get_attribute("textContent") == buttons[-1].text
+    assert not owner.find_elements(By.CSS_SELECTOR, ".doubtful")
+    assert not set(owner.get_attribute("class").split()) & set(LEVELS)
+    buttons[0].click()
+    assert owner.find_elements(By.CSS_SELECTOR, ".doubtful")
+    assert page.output() == api["translatedText"]
+    severe = [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    assert not severe, severe
+
+
+@pytest.mark.slow
+def test_no_calibration_is_said_in_one_line_and_a_refusal_leaves_the_translation_plain(browser, base, lines):
+    """A model without calibration: the line saying so, nothing shaded or underlined. A server refusing the
+    confidence field (400): asked again without it, the translation shown, no legend. Server text is never HTML."""
+    from selenium.webdriver.common.by import By
+
+    page = Page(browser, f"{base}/plain/")
+    page.pick("German", "English")
+    text = f"{lines[20]}\n{lines[21]}"
+    shown = page.type(text)
+    api = lt(f"{base}/plain", text, "de", "en", format="text", confidence=True)
+    assert api["calibrated"] is False and api.get("confidence") is None  # null: left out of the answer
+    assert shown == api["translatedText"]
+    notice = page.el("confidence-none")
+    assert notice.is_displayed() and not page.el("confidence-legend").is_displayed()
+    assert notice.text == "This model has no calibration: no confidence shown (nanomt calibrate fits one)"
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#output .sent")) == 2
+    assert browser.execute_script(MARKS_JS) == []
+    assert all(s.get_attribute("data-confidence") is None for s in page.b.find_elements(By.CSS_SELECTOR, ".sent"))
+
+    # A server that refuses the field: the same translation, no marks, no legend, no error.
+    page = Page(browser, f"{base}/")
+    browser.execute_script(
+        "const real = window.fetch; window.refused = 0;"
+        "window.fetch = (url, opts = {}) => {"
+        "  if (typeof opts.body === 'string' && JSON.parse(opts.body).confidence) {"
+        "    window.refused++;"
+        "    return Promise.resolve(new Response(JSON.stringify({error: 'confidence: not here'}), "
+        "    {status: 400, headers: {'Content-Type': 'application/json'}})); }"
+        "  return real(url, opts); };"
+    )
+    page.pick("German", "English")
+    shown = page.type(text)
+    assert browser.execute_script("return window.refused") >= 1
+    assert shown == lt(base, text, "de", "en")["translatedText"]
+    assert browser.execute_script(MARKS_JS) == [] and len(browser.find_elements(By.CSS_SELECTOR, "#output .sent")) == 2
+    assert not page.el("confidence-legend").is_displayed() and not page.el("confidence-none").is_displayed()
+    assert not page.el("error").is_displayed()
+
+    # Markup in a translation is text: no element made of it, the text kept to the character.
+    evil = '<img src=x onerror="window.owned=1"> ok <b>x</b>'
+    answer = {
+        "translatedText": evil,
+        "calibrated": True,
+        "sentences": [
+            {
+                "source": "s",
+                "translation": evil,
+                "confidence": 0.2,
+                "confidence_raw": -2.0,
+                "low": None,
+                "words": [{"word": "ok", "probability": 0.3}],
+                "doubtful": ["ok"],
+            }
+        ],
+    }
+    browser.execute_script("Translate.render('s', arguments[0].translatedText, Confidence.of(arguments[0]))", answer)
+    assert page.output() == evil
+    assert not browser.find_elements(By.CSS_SELECTOR, "#output img, #output b")
+    assert browser.find_element(By.CSS_SELECTOR, "#output .sent.conf-low .doubtful").get_attribute("title") == (
+        "word probability 0.30"
+    )
+    assert browser.execute_script("return window.owned") is None

@@ -57,6 +57,7 @@ def decoding_flags(args: argparse.Namespace) -> dict:
         "repetition_penalty": args.repetition_penalty,
         "sampling": sampling_options(args) if hasattr(args, "sampling") else None,
         "glossary": read_glossary(args.glossary) if args.glossary else None,
+        "shortlist": args.shortlist,
     }
 
 

@@ -21,6 +21,10 @@ ENSEMBLE_HELP = (
     "checkpoint directory; several (sharing one tokenizer) decode as an ensemble that averages their next-token "
     "probabilities, with the first one's decoding settings"
 )
+CONFIDENCE_HELP = (
+    "write 'translation<TAB>confidence' lines: the model's estimate of the translation's sentence chrF / 100 "
+    "(the raw score, the mean log-probability of its tokens, where the checkpoint has no calibration)"
+)
 INT8_HELP = (
     "int8 linear layers (CPU only), weights scaled per output row and inputs per row as in CTranslate2: faster "
     "decoding for a small BLEU cost (README, Speed)"
@@ -80,6 +84,13 @@ def add_search_flags(s: argparse.ArgumentParser) -> None:
         "--glossary",
         metavar="FILE",
         help="'source term<TAB>target term' lines: a term found in a sentence puts its target term in the translation",
+    )
+    s.add_argument(
+        "--shortlist",
+        action="store_true",
+        default=None,
+        help="decode each batch over the checkpoint's vocabulary shortlist (nanomt shortlist builds it): faster, at "
+        "a small BLEU cost",
     )
     s.add_argument("--max-tokens", type=int, default=None, help="source tokens per batch")
 
@@ -209,6 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"lines read, sorted and translated at a time: memory holds one chunk (default {BUFFER_SIZE:,})",
     )
     s.add_argument("--n-best", type=int, default=1, help="print the K best: 'index<TAB>score<TAB>text' lines")
+    s.add_argument("--confidence", action="store_true", help=CONFIDENCE_HELP)
     add_search_flags(s)
     s.add_argument(
         "--prefix-file",
@@ -226,10 +238,40 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--ref", required=True, help="reference translations, line-aligned with --src")
     add_search_flags(s)
     s.add_argument("--save-hyp", help="write the translations to this file")
+    s.add_argument(
+        "--confidence",
+        action="store_true",
+        help="also how well each sentence's confidence (and raw score) follows its sentence chrF: Pearson, Spearman, "
+        "mean absolute error (the read-back pass is then part of the time)",
+    )
     s.add_argument("--json", action="store_true", help="print one JSON object")
     s.add_argument("--device", default="cpu", help=DEVICE_HELP)
     s.add_argument("--int8", action="store_true", help=INT8_HELP)
     command(s, "evaluate:evaluate")
+
+    s = sub.add_parser(
+        "calibrate",
+        help="fit a checkpoint's confidence (its estimate of each translation's sentence chrF) on sentences with "
+        "references, into calibration.json beside its weights (which are not changed)",
+    )
+    s.add_argument("checkpoint", metavar="CHECKPOINT", help="a run, checkpoints/step_N, averaged or imported model")
+    s.add_argument("--src", required=True, help="source sentences, one a line (at least 100; a validation set)")
+    s.add_argument("--ref", required=True, help="reference translations, line-aligned with --src")
+    s.add_argument("--beam-size", type=int, help="the beam it will translate with (default: the checkpoint's)")
+    s.add_argument("--max-tokens", type=int, help="source tokens a batch (default: the checkpoint's)")
+    command(s, "evaluate:calibrate")
+
+    s = sub.add_parser(
+        "shortlist",
+        help="a checkpoint's vocabulary shortlist (the target pieces each source piece is seen translated into), "
+        "learned from a parallel corpus, into shortlist.json beside its weights: --shortlist decodes over it",
+    )
+    s.add_argument("checkpoint", metavar="CHECKPOINT", help="a run, checkpoints/step_N, averaged or imported model")
+    s.add_argument("--src", required=True, help="source sentences, one a line (the training data)")
+    s.add_argument("--tgt", required=True, help="their translations, line-aligned with --src")
+    s.add_argument("--top", type=int, default=20, help="target pieces kept for each source piece (default 20)")
+    s.add_argument("--frequent", type=int, default=100, help="most frequent target pieces always kept (default 100)")
+    command(s, "training:shortlist")
 
     s = sub.add_parser("average", help="average checkpoints into a complete checkpoint directory")
     s.add_argument("checkpoints", nargs="+", help="checkpoint dirs, or one run dir with --last N")

@@ -38,3 +38,23 @@ def synth(args: argparse.Namespace) -> None:
         with open(src, "rb") as f:
             pairs = sum(1 for _ in f)
         print(f"{split}: {pairs} pairs in {src} and {tgt}")
+
+
+def shortlist(args: argparse.Namespace) -> None:
+    """`nanomt shortlist`: a checkpoint's vocabulary shortlist from a parallel corpus, beside its weights."""
+    from nanomt.core.checkpoint import checkpoint_weights, find_run_files
+    from nanomt.core.config import load_config
+    from nanomt.core.tokenizer import Tokenizer
+    from nanomt.decoding.shortlist import build
+    from nanomt.training.evaluate import read_pairs
+
+    srcs, tgts = read_pairs(args.src, args.tgt)
+    config, tokenizer_dir = find_run_files(args.checkpoint)
+    tokenizer = Tokenizer.load(tokenizer_dir)
+    vocab = load_config(config).model.tgt_vocab_size
+    table = build(tokenizer.encode_src(srcs), tokenizer.encode_tgt(tgts), vocab, tokenizer.fingerprint(), args.top,
+                  args.frequent)  # fmt: skip
+    path = table.save(checkpoint_weights(args.checkpoint).parent)
+    sizes = [len(t) for t in table.table.values()]
+    print(f"wrote {path}: {len(table.table)} source pieces, {sum(sizes) / max(len(sizes), 1):.1f} target pieces each, "
+          f"{len(table.frequent)} always kept")  # fmt: skip

@@ -24,6 +24,12 @@ def translate(args: argparse.Namespace) -> None:
     """`nanomt translate`: options checked, the model loaded, the input translated with the flags' Decoding."""
     check_modes(args)  # refused before the model is loaded
     translator, decoding = models.translator_and_decoding(args)
+    if args.confidence and translator.calibration is None:
+        print(
+            f"nanomt translate: warning: {' '.join(args.checkpoints)} has no calibration: the second column is the raw "
+            "score (the mean log-probability of the tokens); nanomt calibrate fits one",
+            file=sys.stderr,
+        )
     if args.format:
         translate_file(args, translator, decoding)
     else:
@@ -39,6 +45,9 @@ def check_modes(args: argparse.Namespace) -> None:
         raise ValueError(f"--n-best lists one sentence's hypotheses; it does not combine with {whole}")
     if whole and args.prefix_file:
         raise ValueError(f"--prefix-file forces one sentence's start; it does not combine with {whole}")
+    if args.confidence and (args.n_best > 1 or args.format):
+        raise ValueError(f"--confidence gives one line a translation; it does not combine with "
+                         f"{'--format' if args.format else '--n-best'}")  # fmt: skip
     if args.format and args.split:
         raise ValueError("--format translates a whole file, sentence by sentence already: leave out --split")
     if args.format == "docx" and not args.output and sys.stdout.isatty():
@@ -131,7 +140,9 @@ def write_chunk(
 ) -> None:
     """One chunk's translations: a line each (an n-best list each with --n-best), in input order."""
     max_tokens = args.max_tokens
-    if args.split:
+    if args.confidence:
+        write_confident(out, translator, args, decoding, lines, prefixes)
+    elif args.split:
         from nanomt.documents import translation as dt
 
         _, n_best, source = dt.for_translator(translator, decoding, max_tokens)
@@ -146,6 +157,23 @@ def write_chunk(
     else:
         for text in translator.translate(lines, decoding=decoding, max_tokens=max_tokens, prefixes=prefixes):
             out.write(text + "\n")
+
+
+def write_confident(out: TextIO, translator, args, decoding, lines: list[str], prefixes: list[str] | None) -> None:
+    """`translation<TAB>confidence` a line (the raw score where the model has no calibration); with --split, each
+    paragraph's confidence is its sentences', weighted by their characters."""
+    if args.split:
+        from nanomt.documents import translation as dt
+
+        recorder = dt.Confidences(
+            lambda texts: translator.translate_confident(texts, decoding, args.max_tokens, replace_unknowns=True)
+        )
+        for t in dt.paragraphs(lines, recorder, dt.Source.of(translator.cfg, translator.tokenizer), split=True):
+            confidence, raw = dt.text_confidence(recorder.sentences(t))
+            out.write(f"{t.text}\t{raw if confidence is None else confidence:.4f}\n")
+        return
+    for c in translator.translate_confident(lines, decoding, args.max_tokens, prefixes):
+        out.write(f"{c.translation}\t{c.raw if c.confidence is None else c.confidence:.4f}\n")
 
 
 def translate_file(args: argparse.Namespace, translator, decoding) -> None:

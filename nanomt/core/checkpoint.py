@@ -136,8 +136,9 @@ def find_run_files(path: str | Path) -> tuple[Path, Path]:
     return root / CONFIG, root / TOKENIZER
 
 
-def checkpoint_weights(path: str | Path) -> Path:
-    """A checkpoint's weights file; a run stopped before its first evaluation falls back on its newest step_N."""
+def checkpoint_weights(path: str | Path, quiet: bool = False) -> Path:
+    """A checkpoint's weights file; a run stopped before its first evaluation falls back on its newest step_N
+    (with a warning unless `quiet`: the caller has said it already)."""
     path = Path(path)
     if (path / WEIGHTS).is_file():
         return path / WEIGHTS
@@ -145,7 +146,8 @@ def checkpoint_weights(path: str | Path) -> Path:
     if not steps:
         raise CheckpointError(f"{path}: no {WEIGHTS}, and no checkpoints/step_N/ to fall back on")
     newest = steps[-1][1] / WEIGHTS
-    log.warning("%s has no %s (the run stopped before its first evaluation): loading %s", path, WEIGHTS, newest)
+    if not quiet:
+        log.warning("%s has no %s (the run stopped before its first evaluation): loading %s", path, WEIGHTS, newest)
     return newest
 
 

@@ -264,6 +264,10 @@ class TrainConfig:
     # pair in both directions (src->tgt and tgt->src, twice the sentences an epoch), the rest on src->tgt only.
     # Needs data.shared_vocab, so that both sides' ids mean the same in the encoder and the decoder.
     bidirectional_epochs: int = 0
+    # When training ends, fit the confidence model (nanomt.decoding.calibration) on the whole validation set with
+    # the best weights and the decode section's settings, into calibration.json beside them (where the validation
+    # set has enough sentences; the weights are not touched).
+    calibrate: bool = True
 
     def __post_init__(self):
         if self.bidirectional_epochs < 0:
@@ -289,6 +293,7 @@ class DecodeConfig:
     early_stopping: bool = _DECODING.early_stopping
     no_repeat_ngram_size: int = _DECODING.no_repeat_ngram_size  # repetition guards: off by default
     repetition_penalty: float = _DECODING.repetition_penalty
+    shortlist: bool = _DECODING.shortlist  # the checkpoint's shortlist.json (nanomt shortlist builds it)
 
     def __post_init__(self):
         Decoding.from_config(self)  # the rules of a Decoding, checked where the config is read

@@ -54,6 +54,12 @@ class Decoding:
     sampling: Sampling | None = None
     # (source term, target term) pairs: a source term found in a sentence makes its target term appear
     glossary: tuple[tuple[str, str], ...] = ()
+    # Decode each batch over its vocabulary shortlist (nanomt.decoding.shortlist: the target pieces its source
+    # pieces are seen translated into, and the most frequent): faster, at a BLEU cost; off: the whole output.
+    shortlist: bool = False
+    # Keep each generated token's log-probability and the entropy of the distribution it was chosen from in the
+    # hypotheses (greedy, sampling and beam search; what a confidence is estimated from). Off: nothing is kept.
+    token_scores: bool = False
 
     def __post_init__(self):
         if self.beam_size < 1:

@@ -32,6 +32,7 @@ from nanomt.decoding.steps import (
     bound,
     budgets,
     check_src,
+    entropy,
     next_log_probs,
     score,
     search_space,
@@ -72,8 +73,10 @@ def _add_finished(
     length: int,
     decoding: Decoding,
     eos_id: int,
+    scores: tuple[Tensor, Tensor] | None = None,
 ) -> None:
-    """Move candidates that end to their sentence's kept hypotheses (the best beam_size)."""
+    """Move candidates that end to their sentence's kept hypotheses (the best beam_size); `scores`: the kept token
+    scores (each live beam's (N*k, t), and each candidate's (N, 2k), log-probs and entropies stacked)."""
     k = cands.log_probs.size(1) // 2
     # As in fairseq, only ending candidates among the k best extensions count: beam search keeps k, not 2k.
     mask = cands.ends[:, :k] & cands.log_probs[:, :k].isfinite()  # (N, k)
@@ -81,22 +84,36 @@ def _add_finished(
     if n.numel() == 0:
         return
     prefixes = history[cands.parent[n, j]].tolist()
+    kept = _kept_scores(scores, cands.parent[n, j], n, j, len(prefixes))
     ends_with = zip(n.tolist(), cands.tokens[n, j].tolist(), cands.log_probs[n, j].tolist(), strict=True)
-    for prefix, (i, token, log_prob) in zip(prefixes, ends_with, strict=True):
+    for prefix, (i, token, log_prob), extra in zip(prefixes, ends_with, kept, strict=True):
         hyp_tokens = prefix if token == eos_id else [*prefix, token]
         hyps = finished[sentences[i]]
-        hyps.append(Hypothesis(hyp_tokens, score(log_prob, length, decoding), log_prob))
+        hyps.append(Hypothesis(hyp_tokens, score(log_prob, length, decoding), log_prob, **extra))
         hyps.sort(key=lambda h: h.score, reverse=True)
         del hyps[k:]
 
 
-def _live_beams(cands: _Candidates) -> tuple[Tensor, Tensor, Tensor]:
-    """The first k candidates that do not end, in score order: log-probs, parent rows, tokens, each (N, k)."""
+def _kept_scores(scores, parents: Tensor, n: Tensor, j: Tensor, count: int) -> list[dict]:
+    """Each finished candidate's token scores (its beam's, then its last token's), as Hypothesis fields."""
+    if scores is None:
+        return [{}] * count
+    history, new = scores
+    past = history[:, parents].tolist()  # (2, F, t)
+    last = new[:, n, j].tolist()  # (2, F)
+    return [
+        {"token_log_probs": (*past[0][f], last[0][f]), "entropies": (*past[1][f], last[1][f])} for f in range(count)
+    ]
+
+
+def _live_beams(cands: _Candidates) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The first k candidates that do not end, in score order: log-probs, parent rows, tokens, and their places
+    among the candidates, each (N, k)."""
     two_k = cands.ends.size(1)
     # Ending candidates are ranked after all the others; within each group the score order stays.
     rank = cands.ends.long() * two_k + torch.arange(two_k, device=cands.ends.device)  # (N, 2k)
     live = rank.topk(two_k // 2, dim=1, largest=False).indices  # (N, k)
-    return cands.log_probs.gather(1, live), cands.parent.gather(1, live), cands.tokens.gather(1, live)
+    return cands.log_probs.gather(1, live), cands.parent.gather(1, live), cands.tokens.gather(1, live), live
 
 
 def _sentences_done(
@@ -121,6 +138,13 @@ def _sentences_done(
         else:
             done.append(bound is None or bound(best_live[i]) <= hyps[-1].score)
     return done
+
+
+def _candidate_scores(cands: _Candidates, raw: Tensor, space: SearchSpace) -> Tensor:
+    """(2, N, 2k) each candidate's new token's log-prob and its beam's entropy, from the model's own log-probs
+    `raw` (N*k, V), before any rule masked or changed them."""
+    token_lp = raw[cands.parent, space.positions(cands.tokens)]  # (N, 2k)
+    return torch.stack([token_lp, entropy(raw)[cands.parent]])
 
 
 @torch.inference_mode()
@@ -150,20 +174,29 @@ def beam_search(
     live_log_probs = torch.full((src.size(0), k), -math.inf, device=device)  # (N, k)
     live_log_probs[:, 0] = 0.0  # one live beam at first: k copies of BOS would give k equal candidates
     history = src.new_empty((src.size(0) * k, 0))  # (N*k, t) generated tokens of each live beam
+    # With token_scores: each live beam's token log-probs and entropies, (2, N*k, t), moved as `history` is.
+    kept = live_log_probs.new_empty((2, src.size(0) * k, 0)) if decoding.token_scores else None
     tokens = src.new_full((src.size(0) * (1 if shared else k), 1), bos_id)  # shared: the first step on one beam
     sentences = list(range(src.size(0)))  # the original index of each active sentence
     finished: list[list[Hypothesis]] = [[] for _ in sentences]
     for step in range(int(limits.max())):
+        record = kept is not None
         if step == 0 and shared:  # the one live beam of each sentence, then its row copied to its k beams
             at = Step(0, history[::k], space, bos_id)
-            log_probs, cache = next_log_probs(model, tokens, enc, cache, first_rules, at)
+            log_probs, cache = next_log_probs(model, tokens, enc, cache, first_rules, at, keep_raw=record)
             log_probs, cache = log_probs.repeat_interleave(k, dim=0), cache.expand(k)  # (N*k, V)
+            if record:
+                at.raw = at.raw.repeat_interleave(k, dim=0)
         else:
-            log_probs, cache = next_log_probs(model, tokens, enc, cache, rules, Step(step, history, space, bos_id))
+            at = Step(step, history, space, bos_id)
+            log_probs, cache = next_log_probs(model, tokens, enc, cache, rules, at, keep_raw=record)
         at_limit = limits <= step + 1  # (N,)
         cands = _candidates(live_log_probs, log_probs, at_limit, eos_id, space)
-        _add_finished(finished, sentences, history, cands, step + 1, decoding, eos_id)
-        live_log_probs, parent, live_tokens = _live_beams(cands)  # (N, k) each
+        new = None if kept is None else _candidate_scores(cands, at.raw, space)  # (2, N, 2k)
+        _add_finished(
+            finished, sentences, history, cands, step + 1, decoding, eos_id, None if new is None else (kept, new)
+        )
+        live_log_probs, parent, live_tokens, live = _live_beams(cands)  # (N, k) each
         done = _sentences_done(finished, sentences, live_log_probs, at_limit, bound(decoding, step))
         keep_list = [i for i, d in enumerate(done) if not d]
         if not keep_list:
@@ -179,6 +212,9 @@ def beam_search(
         rules = [rule.select(rows) for rule in rules]
         tokens = live_tokens[keep].view(-1, 1)  # (N'*k, 1)
         history = torch.cat([history[rows], tokens], dim=1)  # (N'*k, t+1)
+        if kept is not None:
+            moved = new.gather(2, live[None].expand(2, -1, -1))[:, keep].reshape(2, -1, 1)  # (2, N'*k, 1)
+            kept = torch.cat([kept[:, rows], moved], dim=2)  # (2, N'*k, t+1)
         live_log_probs, limits = live_log_probs[keep], limits[keep]
         sentences = [sentences[i] for i in keep_list]
     return [hyps[: decoding.n_best] for hyps in finished]

@@ -38,6 +38,9 @@ class Hypothesis:
     score: float
     log_prob: float  # sum of the token log-probs, EOS included when the hypothesis ended with it
     terms_missed: bool = False  # a glossary's terms could not all be placed: the unconstrained search's output
+    # With Decoding.token_scores: each token's log-prob and its distribution's entropy (EOS's last, if it ended)
+    token_log_probs: tuple[float, ...] = ()
+    entropies: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,7 @@ def next_log_probs(
     rules: list[Rule],
     step: Step,
     normalize: bool = True,
+    keep_raw: bool = False,
 ) -> tuple[Tensor, DecoderCache]:
     """Feed the newest tokens (R, 1) (ids); return next-token log-probs (or masked logits) over the step's space,
     float32, with every rule applied: the one place where scores are masked."""
@@ -106,11 +110,26 @@ def next_log_probs(
     scores = out.logits[:, -1].float()  # (R, V), or (R, K) over a pruned model's scored ids
     if normalize:
         scores = scores.log_softmax(dim=-1)
-    if any(rule.needs_raw for rule in rules):
+    if keep_raw or any(rule.needs_raw for rule in rules):  # keep_raw: the model's own scores, for token_scores
         step.raw = scores.clone()
     for rule in rules:
         rule.apply(scores, step)
     return scores, out.cache
+
+
+def entropy(log_probs: Tensor) -> Tensor:
+    """(R,) the entropy of each row's distribution, given as log-probs (R, V) with -inf where masked."""
+    return -(log_probs.exp() * log_probs.nan_to_num(neginf=0.0)).sum(-1)
+
+
+def recorded(seq: list[int], log_probs: list[float], entropies: list[float], eos_id: int, budget: int) -> dict:
+    """A generated row's Hypothesis fields: its tokens before EOS, and (if kept) the scores of those and of EOS."""
+    tokens = until_eos(seq, eos_id)
+    if not log_probs:
+        return {"tokens": tokens}
+    n = len(tokens) + 1 if len(tokens) < budget else len(tokens)  # EOS's scores too, where it was generated
+    lps = tuple(log_probs[:n])
+    return {"tokens": tokens, "log_prob": float(sum(lps)), "token_log_probs": lps, "entropies": tuple(entropies[:n])}
 
 
 def select_encoded(enc: Encoded, index: Tensor) -> Encoded:
@@ -190,13 +209,21 @@ def generate(
     rows = torch.arange(src.size(0), device=src.device)  # (R,) the sentence of each active row
     # Positions never written stay EOS, so a sentence's output is its row up to the first EOS.
     out = src.new_full((src.size(0), int(limits.max())), eos_id)  # (B, L)
+    scores = out.new_zeros((2, *out.shape), dtype=torch.float32) if decoding.token_scores else None  # (2, B, L)
     tokens = src.new_full((src.size(0), 1), bos_id)  # (R, 1)
     for step in range(out.size(1)):
         # Unnormalized: argmax and softmax sampling give the same tokens from log-probs and from logits.
         at = Step(step, out[rows, :step], space, bos_id)
-        logits, cache = next_log_probs(model, tokens, enc, cache, rules, at, normalize=False)
-        next_tokens = space.to_ids(pick(logits))  # (R,)
+        logits, cache = next_log_probs(
+            model, tokens, enc, cache, rules, at, normalize=False, keep_raw=scores is not None
+        )
+        picked = pick(logits)  # (R,) positions in the search space
+        next_tokens = space.to_ids(picked)  # (R,)
         out[rows, step] = next_tokens
+        if scores is not None:  # the model's log-probs, before any rule masked or changed them (as beam search's)
+            log_probs = at.raw.log_softmax(-1)  # (R, V)
+            scores[0, rows, step] = log_probs.gather(1, picked[:, None]).squeeze(1)
+            scores[1, rows, step] = entropy(log_probs)
         alive = (next_tokens != eos_id) & (limits[rows] > step + 1)  # (R,)
         if not alive.all():
             keep = alive.nonzero().squeeze(1)  # (R',)
@@ -206,4 +233,9 @@ def generate(
             enc, cache = select_rows(enc, cache, keep)
             rules = [rule.select(keep) for rule in rules]
         tokens = next_tokens[:, None]  # (R, 1)
-    return [[Hypothesis(until_eos(seq, eos_id), 0.0, 0.0)] for seq in out.tolist()]
+    kept = scores.tolist() if scores is not None else [[[]] * out.size(0)] * 2
+    rows_out = zip(out.tolist(), kept[0], kept[1], limits.tolist())
+    return [
+        [Hypothesis(**{"score": 0.0, "log_prob": 0.0, **recorded(seq, lps, ents, eos_id, n)})]
+        for seq, lps, ents, n in rows_out
+    ]

@@ -14,17 +14,21 @@ import torch
 from tqdm import tqdm
 
 from nanomt.core.batches import make_batches
-from nanomt.core.checkpoint import CheckpointError, load_checkpoint
+from nanomt.core.checkpoint import CheckpointError, checkpoint_weights, load_checkpoint
 from nanomt.core.config import Config
 from nanomt.core.decoding import Decoding, batch_decoding
 from nanomt.core.model import Transformer, prune_output
 from nanomt.core.tokenizer import Tokenizer
+from nanomt.decoding import calibration as calib
 from nanomt.decoding.alignment import Alignment, cross_attention
+from nanomt.decoding.calibration import Calibration
 from nanomt.decoding.ensemble import Ensemble
 from nanomt.decoding.glossary import required_terms
 from nanomt.decoding.pieces import cut_sentence, join_pieces, replace_unknowns
+from nanomt.decoding.quality import DOUBTFUL, TokenScores, read_back, word_probabilities
 from nanomt.decoding.quantize import quantize_int8
 from nanomt.decoding.search import search
+from nanomt.decoding.shortlist import Shortlist, ShortlistError, restrict
 from nanomt.decoding.steps import Hypothesis, Targets
 
 log = logging.getLogger("nanomt")
@@ -41,6 +45,24 @@ class SentenceAttention:
     encoder: list[np.ndarray]  # per layer (H, S, S)
     decoder: list[np.ndarray]  # per layer (H, T, T)
     cross: list[np.ndarray]  # per layer (H, T, S)
+
+
+@dataclass(frozen=True)
+class Confident:
+    """A translation with how far to trust it: its confidence (the calibrated estimate of its sentence chrF / 100;
+    None when the model has no calibration), the raw score it comes from, and each word's probability."""
+
+    translation: str
+    score: float  # the search's score of the translation (length-penalized log-probability)
+    confidence: float | None
+    raw: float  # the mean log-probability of its tokens, EOS included
+    words: tuple[tuple[str, float], ...] = ()  # (word, probability) in order
+    features: dict | None = None  # what `confidence` was estimated from (None for an empty line)
+
+    @property
+    def doubtful(self) -> list[str]:
+        """The words whose probability is under one half."""
+        return [word for word, p in self.words if p < DOUBTFUL]
 
 
 def src_limit(cfg: Config) -> int:
@@ -165,6 +187,7 @@ class Translator:
         cfg: Config,
         device: str | torch.device = "cpu",
         int8: bool = False,
+        calibration: Calibration | None = None,
     ):
         model = model.to(device).eval()
         # Restricted models decode through a copy that projects onto the kept ids only (model.prune_output).
@@ -174,15 +197,24 @@ class Translator:
         if int8:  # int8 linear layers: faster CPU decoding (README, Speed; benchmarks/results/speed.md)
             self.model = quantize_int8(self.model)
         self.int8 = int8
+        self.calibration = calibration  # features -> confidence; None: raw scores only (nanomt calibrate)
+        self.directory: Path | None = None  # the checkpoint directory it was loaded from (its shortlist.json)
         self.tokenizer = tokenizer
         self.cfg = cfg
         self.device = torch.device(device)
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, device: str | torch.device = "cpu", int8: bool = False) -> Translator:
-        """Load any checkpoint directory (a run dir, checkpoints/step_N, or an averaged one)."""
+    def from_checkpoint(
+        cls, path: str | Path, device: str | torch.device = "cpu", int8: bool = False, calibrated: bool = True
+    ) -> Translator:
+        """Load any checkpoint directory (a run dir, checkpoints/step_N, or an averaged one), with its calibration
+        unless `calibrated` is False (what `nanomt calibrate` replaces is not read)."""
         model, cfg, tokenizer = load_checkpoint(path, device)
-        return cls(model, tokenizer, cfg, device, int8)
+        weights = checkpoint_weights(path, quiet=True)  # load_checkpoint has said which file it read
+        cal = calib.load(weights.parent, weights) if calibrated else None
+        translator = cls(model, tokenizer, cfg, device, int8, cal)
+        translator.directory = weights.parent
+        return translator
 
     @classmethod
     def from_checkpoints(
@@ -213,6 +245,19 @@ class Translator:
     def word_start(self) -> torch.Tensor:
         """(V,) the target ids after which a glossary term is a whole word (word_starts)."""
         return word_starts(self.tokenizer, self.cfg.model.tgt_vocab_size, self.cfg.model.eos_id)
+
+    @functools.cached_property
+    def shortlist(self) -> Shortlist:
+        """The checkpoint's vocabulary shortlist (ShortlistError, a ValueError, where it has none)."""
+        if isinstance(self.model, Ensemble) or self.directory is None:
+            raise ShortlistError("a shortlist is one checkpoint's: load the Translator with from_checkpoint")
+        return Shortlist.load(self.directory, self.tokenizer.fingerprint())
+
+    def _shortlisted(self, src: list[list[int]], targets: Targets) -> Transformer:
+        """The model restricted to a batch's shortlist, with its specials and forced ids (prefixes, terms)."""
+        forced = [t for p in targets.prefixes for t in p] + [t for ps in targets.phrases for p in ps for t in p]
+        specials = [self.cfg.model.eos_id, self.tokenizer.unk_id]
+        return restrict(self.model, self.shortlist.allowed(src, specials + forced))
 
     @property
     def default_decoding(self) -> Decoding:
@@ -259,7 +304,8 @@ class Translator:
             phrases = [prepared.phrases[i] for i in idx]
             word_start = self.word_start if any(phrases) else None
             targets = Targets([prepared.prefix[i] for i in idx], phrases, word_start)
-            hyps = search(self.model, src.to(self.device), chosen, targets)
+            model = self._shortlisted([ids[i] for i in idx], targets) if chosen.shortlist else self.model
+            hyps = search(model, src.to(self.device), chosen, targets)
             for i, h in zip(idx, hyps):
                 results[i] = h
             bar.update(len(idx))
@@ -269,6 +315,8 @@ class Translator:
     def check(self, sentences: list[str], decoding: Decoding, prefixes: list[str] | None = None) -> None:
         """Raise ValueError, naming the problem, for inputs `translate` refuses (a server checks before queueing)."""
         prepare(self.tokenizer, self.cfg, sentences, decoding, prefixes)
+        if decoding.shortlist:
+            self.shortlist  # noqa: B018  (loaded now, or its error)
 
     def translate(self, sentences: list[str], decoding: Decoding | None = None, **kwargs) -> list[str]:
         """One translation per input sentence, in order."""
@@ -291,6 +339,60 @@ class Translator:
         if replace_unknowns:
             self._restore_unknowns(sentences, hyps, texts)
         return [list(zip(ts, [h.score for h in hs])) for ts, hs in zip(texts, hyps)]
+
+    @torch.inference_mode()
+    def translate_confident(
+        self,
+        sentences: list[str],
+        decoding: Decoding | None = None,
+        max_tokens: int | None = None,
+        prefixes: list[str] | None = None,
+        replace_unknowns: bool = False,
+        **settings,
+    ) -> list[Confident]:
+        """Each sentence's best translation (as `translate` gives it) with its confidence and word probabilities,
+        from the token scores the search keeps (a glossary's search keeps none: its translations are read back by
+        one teacher-forced pass of the model; nanomt.decoding.quality)."""
+        if isinstance(self.model, Ensemble):
+            raise ValueError("confidence is one model's estimate: an ensemble has none (translate with one checkpoint)")
+        decoding = (decoding or self.default_decoding).replace(**settings).replace(n_best=1, token_scores=True)
+        prepared = prepare(self.tokenizer, self.cfg, sentences, decoding, prefixes)
+        rows = self._decode(prepared, decoding, max_tokens)
+        hyps = joined(rows, prepared.sentence_of, len(sentences))
+        texts = [[t] for t in self.tokenizer.decode_tgt([h[0].tokens for h in hyps])]
+        if replace_unknowns:
+            self._restore_unknowns(sentences, [h[:1] for h in hyps], texts)
+        read = self._token_scores(prepared.src, [h[0] for h in rows])  # per row; None: an empty one
+        parts: list[list[int]] = [[] for _ in sentences]
+        for k, i in enumerate(prepared.sentence_of):
+            parts[i].append(k)
+        out = []
+        for i, h in enumerate(hyps):
+            best = h[0]
+            if read[parts[i][0]] is None:  # an empty line's empty translation
+                out.append(Confident(texts[i][0], best.score, 1.0, 0.0))
+                continue
+            whole = TokenScores.join([read[k] for k in parts[i]])
+            words = [w for k in parts[i] for w in self._words(rows[k][0].tokens, read[k])]
+            features = whole.features()
+            confidence = None if self.calibration is None else float(self.calibration.predict([features])[0])
+            out.append(Confident(texts[i][0], best.score, confidence, whole.mean_log_prob, tuple(words), features))
+        return out
+
+    def _token_scores(self, src: list[list[int]], best: list[Hypothesis]) -> list[TokenScores | None]:
+        """Each row's token scores: the search's, else read back by the model (None for an empty row)."""
+        unk = self.tokenizer.unk_id
+        out = [TokenScores.of(h, s, unk) if s else None for s, h in zip(src, best)]
+        todo = [k for k, (s, r) in enumerate(zip(src, out)) if s and r is None]
+        for k, r in zip(todo, read_back(self.model, [src[k] for k in todo], [best[k].tokens for k in todo], unk)):
+            out[k] = r
+        return out
+
+    def _words(self, tokens: list[int], read: TokenScores) -> list[tuple[str, float]]:
+        """A row's target words, each with its probability (EOS is no word)."""
+        words = word_probabilities(self.tokenizer.tgt_pieces(tokens), read.log_probs[: len(tokens)])
+        texts = self.tokenizer.decode_tgt([[tokens[k] for k in positions] for positions, _ in words])
+        return [(text.strip(), round(p, 4)) for text, (_, p) in zip(texts, words) if text.strip()]
 
     @torch.inference_mode()
     def _restore_unknowns(self, sentences: list[str], hyps: list[list[Hypothesis]], texts: list[list[str]]) -> None:

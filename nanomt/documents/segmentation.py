@@ -185,6 +185,7 @@ class TextTranslation:
     score: float
     alternatives: tuple[str, ...]
     cut: bool  # some sentence exceeded the token budget and was translated in pieces, joined here
+    units: tuple[str, ...] = ()  # what was decoded, in order: its sentences (a long one in pieces)
 
 
 def translate_texts(
@@ -207,5 +208,5 @@ def translate_texts(
         hyps = join_hypotheses(seg, n_best[i : i + len(seg.units)])
         i += len(seg.units)
         alts = alternatives([text for text, _ in hyps], n_alternatives)
-        out.append(TextTranslation(hyps[0][0], hyps[0][1], tuple(alts), bool(seg.cut)))
+        out.append(TextTranslation(hyps[0][0], hyps[0][1], tuple(alts), bool(seg.cut), tuple(seg.units)))
     return out

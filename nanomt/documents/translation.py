@@ -7,14 +7,14 @@ for inline markup). `for_translator` builds both from a Translator.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from nanomt.core.config import Config
 from nanomt.core.decoding import Decoding
 from nanomt.core.languages import PLACEHOLDERS, language_pair
 from nanomt.core.tokenizer import Tokenizer
-from nanomt.decoding.translate import Translator, src_limit
+from nanomt.decoding.translate import Confident, Translator, src_limit
 from nanomt.documents import files, markup
 from nanomt.documents.segmentation import (
     NBestTranslate,
@@ -58,9 +58,9 @@ def paragraphs(
     results = n_best(texts) if texts else []
     counts = source.count_tokens(texts) if texts else []
     out = []
-    for hyps, count in zip(results, counts):
+    for text, hyps, count in zip(texts, results, counts):
         alts = alternatives([t for t, _ in hyps], n_alternatives)
-        out.append(TextTranslation(hyps[0][0], float(hyps[0][1]), tuple(alts), count > source.max_tokens))
+        out.append(TextTranslation(hyps[0][0], float(hyps[0][1]), tuple(alts), count > source.max_tokens, (text,)))
     return out
 
 
@@ -106,3 +106,32 @@ def for_translator(
         texts, decoding=decoding, max_tokens=max_tokens, replace_unknowns=True
     )
     return align, n_best, Source.of(translator.cfg, translator.tokenizer)
+
+
+class Confidences:
+    """An NBestTranslate that decodes through a `confident` function (units -> each one's Confident) and keeps
+    what it returned, so that each text's sentences and their confidence can be read once the text is joined."""
+
+    def __init__(self, confident: Callable[[list[str]], list[Confident]]):
+        self.confident, self.found = confident, {}
+
+    def __call__(self, units: list[str]) -> list[list[tuple[str, float]]]:
+        results = self.confident(units)
+        self.found.update(zip(units, results))
+        return [[(c.translation, c.score)] for c in results]
+
+    def sentences(self, t: TextTranslation) -> list[tuple[str, Confident]]:
+        """A translated text's units with their Confident, in order."""
+        return [(unit, self.found[unit]) for unit in t.units]
+
+
+def text_confidence(sentences: Sequence[tuple[str, Confident]]) -> tuple[float | None, float]:
+    """A text's confidence and raw score: its sentences', weighted by their characters (None if any sentence's
+    confidence is None: an uncalibrated model). A text without sentences is translated as it is: 1 and 0."""
+    if not sentences:
+        return 1.0, 0.0
+    weights = [max(len(unit), 1) for unit, _ in sentences]
+    mean = lambda values: sum(w * v for w, v in zip(weights, values)) / sum(weights)  # noqa: E731
+    confidences = [c.confidence for _, c in sentences]
+    raw = mean([c.raw for _, c in sentences])
+    return (None if None in confidences else mean(confidences)), raw

@@ -8,12 +8,13 @@ import time
 import numpy as np
 from fastapi import FastAPI, HTTPException, Request
 
+from nanomt.core.decoding import Decoding
 from nanomt.decoding.glossary import has_terms
 from nanomt.decoding.translate import prepare, src_limit
-from nanomt.serve import libretranslate
+from nanomt.serve import confidence, libretranslate
 from nanomt.serve.documents import Route, job_key
 from nanomt.serve.errors import ERRORS, FORM, NOT_JSON, FormFields, check_size, read_body, validate
-from nanomt.serve.models import Model, NoRoute
+from nanomt.serve.models import Model, NoRoute, has_shortlist
 from nanomt.serve.schemas import AttentionRequest, AttentionResponse, TranslateRequest, TranslateResponse
 
 
@@ -26,6 +27,14 @@ def route(server, source: str | None, target: str | None) -> list[Model]:
         raise HTTPException(400, str(e)) from None
 
 
+def request_decoding(server, req, model: Model) -> Decoding:
+    """A request's decoding for `model`: its settings over the server's (ValueError naming what the model lacks)."""
+    decoding = req.decoding(server.defaults(model))
+    if decoding.shortlist and not has_shortlist(model):
+        raise ValueError(f"shortlist: the model {model.name} has none (nanomt shortlist builds it)")
+    return decoding
+
+
 async def translate_texts(server, request: Request, req: TranslateRequest) -> TranslateResponse:
     """nanomt's /translate: through one model, or two through the pivot language (the last one gets the prefixes
     and the glossary, which are the target language's). A text is one sentence, or with `split` a document."""
@@ -34,24 +43,27 @@ async def translate_texts(server, request: Request, req: TranslateRequest) -> Tr
     for hop, model in enumerate(models):
         last = hop == len(models) - 1
         try:
-            decoding = req.decoding(server.defaults(model))
+            decoding = request_decoding(server, req, model)
             decodings.append(decoding if last else decoding.replace(glossary=()))
             prepare(model.tokenizer, model.cfg, req.text, decoding, req.prefix if last else None)
         except ValueError as e:
             raise HTTPException(400, str(e)) from None
     start = time.perf_counter()
-    scores = None
-    if req.split or req.scores:
-        results = await Route(server, request, models, decodings).paragraphs(req.text, req.split)
+    threshold = req.min_confidence if req.min_confidence is not None else server.config.min_confidence
+    scores, extra, way = None, {}, Route(server, request, models, decodings)
+    if req.confidence or threshold is not None:
+        texts, cut, scores, sentences = await _confident(way, req)
+        extra = confidence.fields(sentences, threshold, models[-1].name)
+    elif req.split or req.scores:
+        results = await way.paragraphs(req.text, req.split)
         texts, cut = [r.text for r in results], [i for i, r in enumerate(results) if r.cut]
-        scores = [round(r.score, 4) for r in results] if req.scores else None
+        scores = [r.score for r in results]
     else:
         texts, prefixes = req.text, req.prefix or [None] * len(req.text)
         for hop, (model, decoding) in enumerate(zip(models, decodings)):
             items = list(zip(texts, prefixes if hop == len(models) - 1 else [None] * len(texts)))
             texts = await server.decode(request, model, job_key("translate", decoding), items)
-        limit = src_limit(models[0].cfg)
-        cut = [i for i, ids in enumerate(models[0].tokenizer.encode_src(req.text)) if len(ids) > limit]
+        cut = _cut(models[0], req.text)
     glossary = decodings[-1].glossary
     missed = [i for i, (src, out) in enumerate(zip(req.text, texts)) if not has_terms(glossary, src, out)]
     recalled = getattr(request.state, "from_memory", set())
@@ -59,12 +71,36 @@ async def translate_texts(server, request: Request, req: TranslateRequest) -> Tr
     return TranslateResponse(
         translations=texts,
         seconds=round(time.perf_counter() - start, 4),
-        scores=scores,
+        scores=[round(s, 4) for s in scores] if req.scores else None,
         cut=cut or None,
         terms_missed=missed or None,
         route=[m.name for m in models] if len(models) > 1 else None,
         memory=memory or None,
+        **extra,
     )
+
+
+def _cut(model: Model, texts: list[str]) -> list[int]:
+    """The texts longer than the model's positions (translated in pieces)."""
+    limit = src_limit(model.cfg)
+    return [i for i, ids in enumerate(model.tokenizer.encode_src(texts)) if len(ids) > limit]
+
+
+async def _confident(way: Route, req: TranslateRequest) -> tuple[list[str], list[int], list[float], list]:
+    """Translations, cut texts, scores and each text's (sentence, Confident) list: documents by their units, one
+    sentence a text otherwise (with its prefix)."""
+    if req.split:
+        results = await way.paragraphs_confident(req.text, True)
+        texts = [r.text for r, _ in results]
+        return (
+            texts,
+            [i for i, (r, _) in enumerate(results) if r.cut],
+            [r.score for r, _ in results],
+            [s for _, s in results],
+        )
+    found = await way.confident(req.text, "confident", req.prefix)
+    texts = [c.translation for c in found]
+    return texts, _cut(way.models[0], req.text), [c.score for c in found], [[(t, c)] for t, c in zip(req.text, found)]
 
 
 def add_routes(app: FastAPI, server) -> None:
@@ -96,7 +132,7 @@ def add_routes(app: FastAPI, server) -> None:
         check_size([req.text], 1, server.config.max_chars)
         model = _one_model(server, req)
         try:
-            decoding = req.decoding(server.defaults(model))
+            decoding = request_decoding(server, req, model)
             prepare(model.tokenizer, model.cfg, [req.text], decoding, None)
         except ValueError as e:
             raise HTTPException(400, str(e)) from None

@@ -20,9 +20,10 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from nanomt.core.checkpoint import checkpoint_weights
 from nanomt.core.decoding import Decoding
+from nanomt.decoding import calibration
 from nanomt.decoding.translate import Translator
 from nanomt.documents import markup
-from nanomt.serve import api, libretranslate, page
+from nanomt.serve import api, confidence, libretranslate, page
 from nanomt.serve.batching import Batcher, Closed, JobTimeout, QueueFull
 from nanomt.serve.errors import add_error_handlers, error
 from nanomt.serve.keys import WINDOW_S, KeyRing, Limits
@@ -77,6 +78,15 @@ class Server:
                     texts, decoding=key[2], max_tokens=max_tokens, prefixes=prefixes, replace_unknowns=True
                 )
             return translator.translate(texts, decoding=key[2], max_tokens=max_tokens, prefixes=prefixes)
+        if key[1] in ("confident", "confident_units"):  # items: (text, prefix or None); units: documents' sentences
+            texts, prefixes = [t for t, _ in items], [p for _, p in items]
+            return translator.translate_confident(
+                texts,
+                key[2],
+                max_tokens,
+                prefixes if any(prefixes) else None,
+                replace_unknowns=key[1] == "confident_units",  # as documents' n-best lists
+            )
         if key[1] == "align":  # items: sentences
             return translator.alignments(items, key[2], max_tokens)
         if key[1] == "attention":
@@ -89,20 +99,26 @@ class Server:
         request.state.sentences = getattr(request.state, "sentences", 0) + len(items)
         if not items:  # e.g. an HTML document of tags only
             return []
-        if key[0] not in ("translate", "n_best", "align"):
+        if key[0] not in ("translate", "n_best", "align", "confident", "confident_units"):
             return await self._decode(model, key, items)
         results, keys = [None] * len(items), [None] * len(items)
         if self.config.suggestions:
             pairs = [(item, None) if isinstance(item, str) else item for item in items]  # (text, forced prefix)
             unforced = [i for i, (_, prefix) in enumerate(pairs) if prefix is None]
             found = await self.io(self.memory.find_many, model.name, [pairs[i][0] for i in unforced])
-            as_result = {"translate": lambda t: t, "n_best": lambda t: [(t, 0.0)], "align": markup.Alignment}[key[0]]
+            as_result = {
+                "translate": lambda t: t,
+                "n_best": lambda t: [(t, 0.0)],
+                "align": markup.Alignment,
+                "confident": confidence.from_memory,
+                "confident_units": confidence.from_memory,
+            }[key[0]]
             for i, correction in zip(unforced, found):
                 if correction is not None:
                     results[i] = as_result(correction)  # HTML: its tags placed by position, as through a pivot
                     request.state.from_memory = getattr(request.state, "from_memory", set()) | {pairs[i][0]}
                     self.metrics.memory_hits.inc()
-        cacheable = key[0] != "align"  # an alignment holds the attention: not kept
+        cacheable = key[0] in ("translate", "n_best")  # an alignment holds the attention, a Confident the words
         if self.cache is not None and cacheable and key[1].sampling is None:  # a sample is drawn afresh every time
             weights, setting = await self.weights_hash(model), f"{key[0]}:{key[1]!r}"
             todo = [i for i, r in enumerate(results) if r is None]
@@ -217,6 +233,18 @@ class Server:
             )
 
 
+def check_calibrated(models: ModelSet) -> None:
+    """ValueError naming the first model without a calibration (--min-confidence compares with one)."""
+    for m in models.models:
+        if m.translator is not None:
+            found = m.translator.calibration is not None
+        else:
+            weights = checkpoint_weights(m.path)
+            found = calibration.load(weights.parent, weights) is not None
+        if not found:
+            raise ValueError(f"--min-confidence: the model {m.name} has no calibration (nanomt calibrate fits one)")
+
+
 def create_app(
     models: Translator | ModelSet, config: ServeConfig | None = None, store: Store | None = None, **settings
 ) -> FastAPI:
@@ -228,6 +256,8 @@ def create_app(
         model_set = models
     else:
         model_set = ModelSet.of(models, config.languages)
+    if config.min_confidence is not None:
+        check_calibrated(model_set)
     server = Server(config, model_set, store)
 
     @asynccontextmanager

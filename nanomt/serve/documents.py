@@ -54,6 +54,20 @@ class Route:
         run = lambda coro: asyncio.run_coroutine_threadsafe(coro, loop).result()  # noqa: E731
         return (lambda sentences: run(self.align(sentences))), (lambda units: run(self.n_best(units)))
 
+    async def confident(self, units: list[str], kind: str = "confident_units", prefixes=None) -> list:
+        """Each unit's best translation with its confidence: the last model's, reading the pivot's translation."""
+        texts = await self._pivot(units)
+        items = list(zip(texts, prefixes or [None] * len(texts)))
+        return await self.server.decode(self.request, self.models[-1], job_key(kind, self.decodings[-1]), items)
+
+    async def paragraphs_confident(self, texts: list[str], split: bool) -> list[tuple[TextTranslation, list]]:
+        """`paragraphs` with each text's units and their Confident (dt.Confidences), best translations only."""
+        loop = asyncio.get_running_loop()
+        run = lambda coro: asyncio.run_coroutine_threadsafe(coro, loop).result()  # noqa: E731
+        recorder = dt.Confidences(lambda units: run(self.confident(units)))
+        results = await asyncio.to_thread(dt.paragraphs, texts, recorder, self.source, split)
+        return [(r, recorder.sentences(r)) for r in results]
+
     async def paragraphs(self, texts: list[str], split: bool, n_alternatives: int = 0) -> list[TextTranslation]:
         """Texts as documents (split) or as one sentence each; see document_translation.paragraphs."""
         _, n_best = self.blocking(asyncio.get_running_loop())

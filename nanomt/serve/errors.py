@@ -82,6 +82,8 @@ async def read_body(request: Request) -> object:
         for k in ("alternatives",):
             if isinstance(fields.get(k), str) and fields[k].isdigit():
                 fields[k] = int(fields[k])
+        if fields.get("confidence") in ("true", "false"):  # a form's boolean is text
+            fields["confidence"] = fields["confidence"] == "true"
         return FormFields(fields)
     if "json" not in content_type:  # e.g. curl -d without -H, or text/plain
         raise Refused(error(415, NOT_JSON))

@@ -7,14 +7,14 @@ import asyncio
 from typing import Annotated, Literal
 
 from fastapi import FastAPI, HTTPException, Request
-from pydantic import BaseModel, Field, StrictStr
+from pydantic import BaseModel, Field, StrictBool, StrictStr
 
 from nanomt.documents import files
-from nanomt.serve import file_routes
+from nanomt.serve import confidence, file_routes
 from nanomt.serve.documents import Route
 from nanomt.serve.errors import ERRORS, check_size, read_body, validate
 from nanomt.serve.models import LANGUAGE_NAMES, NoRoute
-from nanomt.serve.schemas import JsonInt, Text
+from nanomt.serve.schemas import JsonInt, SentenceConfidence, Text
 
 MAX_ALTERNATIVES = 3  # LibreTranslate's limit
 
@@ -34,6 +34,11 @@ class LibreTranslateRequest(BaseModel):
         default=0, ge=0, le=MAX_ALTERNATIVES, description="this many other translations from the n-best list"
     )
     api_key: StrictStr | None = Field(default=None, description="the server's API key, when it asks for one")
+    confidence: StrictBool = Field(
+        default=False,
+        description="nanomt's: also each translation's confidence (the model's estimate of its chrF / 100) and its "
+        "sentences' with their words' probabilities (format text)",
+    )
 
 
 class LibreTranslateResponse(BaseModel):
@@ -42,6 +47,10 @@ class LibreTranslateResponse(BaseModel):
     translatedText: str | list[str]  # LibreTranslate's field name
     detectedLanguage: dict | list[dict] | None = None  # only when source is auto
     alternatives: list[str] | list[list[str]] | None = None  # only when asked for
+    # only when asked for (nanomt's): as nanomt's /translate gives them, one per text (not in a list for one)
+    confidence: float | None | list[float | None] = None
+    calibrated: bool | None = None
+    sentences: list[SentenceConfidence] | list[list[SentenceConfidence]] | None = None
 
 
 class DetectRequest(BaseModel):
@@ -110,18 +119,26 @@ async def _translate_all(server, request: Request, req: LibreTranslateRequest, t
     sources = candidates(server, req.target) if req.source == "auto" else None
     detected = [detections(t, sources)[0] for t in texts] if sources else None
     sources = [d["language"] for d in detected] if detected else [req.source] * len(texts)
-    out, alts = [""] * len(texts), [[] for _ in texts]
+    out, alts, found = [""] * len(texts), [[] for _ in texts], [[] for _ in texts]
     for source in dict.fromkeys(sources):
         route = _route(server, request, source, req.target, req.alternatives + 1)
         idx = [i for i, s in enumerate(sources) if s == source]
         group = [texts[i] for i in idx]
         if req.format == "html":
             done = [(t, ()) for t in await route.html(group)]
-        else:
+        elif req.confidence and not req.alternatives:
+            confident = await route.paragraphs_confident(group, True)
+            done = [(r.text, ()) for r, _ in confident]
+            for i, (_, sentences) in zip(idx, confident):
+                found[i] = sentences
+        else:  # with confidence too, the sentences come from a second, 1-best pass
             done = [(r.text, r.alternatives) for r in await route.paragraphs(group, True, req.alternatives)]
+            if req.confidence:
+                for i, (_, sentences) in zip(idx, await route.paragraphs_confident(group, True)):
+                    found[i] = sentences
         for i, (text, alternatives) in zip(idx, done):
             out[i], alts[i] = text, list(alternatives)
-    return out, alts, detected
+    return out, alts, detected, found
 
 
 async def translate(server, request: Request, req: LibreTranslateRequest) -> LibreTranslateResponse:
@@ -129,14 +146,26 @@ async def translate(server, request: Request, req: LibreTranslateRequest) -> Lib
     texts = [req.q] if isinstance(req.q, str) else req.q
     server.check_key(request, req.api_key, sum(map(len, texts)))
     check_size(texts, server.config.sentence_limit, server.config.max_chars)
-    out, alts, detected = await _translate_all(server, request, req, texts)
+    if req.confidence and req.format == "html":
+        raise HTTPException(400, "confidence: for format text (an HTML document's sentences are not returned)")
+    out, alts, detected, found = await _translate_all(server, request, req, texts)
     one = isinstance(req.q, str)
     if detected is not None and one:
         detected = detected[0] if detected else {"confidence": 0.0, "language": req.source}
+    extra = {}
+    if req.confidence:
+        got = confidence.fields(found, None, req.target)
+        pick = lambda values: values[0] if one else values  # noqa: E731
+        extra = {
+            "confidence": pick(got["confidence"]),
+            "calibrated": got["calibrated"],
+            "sentences": pick(got["sentences"]),
+        }
     return LibreTranslateResponse(
         translatedText=out[0] if one else out,
         detectedLanguage=detected,
         alternatives=(alts[0] if one else alts) if req.alternatives else None,
+        **extra,
     )
 
 

@@ -9,10 +9,11 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from nanomt.core.checkpoint import CheckpointError, find_run_files
+from nanomt.core.checkpoint import CheckpointError, checkpoint_weights, find_run_files
 from nanomt.core.config import Config, ConfigError, load_config
 from nanomt.core.languages import PLACEHOLDERS, language_pair
 from nanomt.core.tokenizer import Tokenizer
+from nanomt.decoding.shortlist import SHORTLIST
 from nanomt.decoding.translate import Translator
 
 log = logging.getLogger("nanomt.serve")
@@ -28,6 +29,15 @@ LANGUAGE_NAMES = {
 def served_pair(cfg: Config) -> tuple[str, str]:
     """The pair a run is served as when none is given: its config's, else src-tgt (the toy pair's files)."""
     return language_pair(cfg.data) or PLACEHOLDERS
+
+
+def has_shortlist(model: Model) -> bool:
+    """Whether a served model has a vocabulary shortlist beside its weights."""
+    if model.translator is not None and model.path is None:
+        directory = model.translator.directory
+    else:
+        directory = checkpoint_weights(model.path).parent
+    return directory is not None and (directory / SHORTLIST).is_file()
 
 
 class NoRoute(ValueError):

@@ -101,6 +101,9 @@ class DecodingRequest(BaseModel):
     repetition_penalty: json_float(ge=MIN_FACTOR, le=MAX_FACTOR) | None = Field(
         default=None, description="> 1 discourages repeated tokens (1: off)"
     )
+    shortlist: StrictBool | None = Field(
+        default=None, description="decode over the model's vocabulary shortlist (faster; the model needs one)"
+    )
 
     @model_validator(mode="after")
     def _sampling_or_beam(self):
@@ -124,6 +127,7 @@ class DecodingRequest(BaseModel):
             no_repeat_ngram_size=self.no_repeat_ngram_size,
             repetition_penalty=self.repetition_penalty,
             glossary=None if pairs is None else checked(list(pairs), "glossary"),
+            shortlist=self.shortlist,
         )
 
     def sampling(self) -> dict | None:
@@ -147,6 +151,16 @@ class TranslateRequest(DecodingRequest):
         "e-mail addresses, code and emojis kept as they are (false: each text is one sentence)",
     )
     scores: StrictBool = Field(default=False, description="return each translation's score (summed over sentences)")
+    confidence: StrictBool = Field(
+        default=False,
+        description="return each translation's confidence: the model's estimate of its sentence chrF / 100 (a text "
+        "of several sentences: theirs, weighted by their characters), each sentence's, and each word's probability",
+    )
+    min_confidence: json_float(ge=0, le=1) | None = Field(
+        default=None,
+        description="list the texts with a sentence whose confidence is below this (default: the server's "
+        "--min-confidence); nothing is left out of the translations",
+    )
     source: StrictStr | None = Field(
         default=None, min_length=1, description="source language code (default: the first model's)"
     )
@@ -179,6 +193,25 @@ class TranslateRequest(DecodingRequest):
         return self
 
 
+class WordProbability(BaseModel):
+    """A target word and its probability (the product of its pieces')."""
+
+    word: str
+    probability: float
+
+
+class SentenceConfidence(BaseModel):
+    """One sentence of a text (a unit of a document) with its translation and how far to trust it."""
+
+    source: str
+    translation: str
+    confidence: float | None  # null: the model has no calibration
+    confidence_raw: float
+    words: list[WordProbability]
+    doubtful: list[str]  # the words whose probability is under 0.5
+    low: bool | None = None  # with a min_confidence: whether its confidence is under it
+
+
 class TranslateResponse(BaseModel):
     """One translation per input sentence, in order, and the model time."""
 
@@ -193,6 +226,12 @@ class TranslateResponse(BaseModel):
     route: list[str] | None = None
     # texts with a sentence answered from the translation memory (a correction sent to /suggest), not the model
     memory: list[int] | None = None
+    # with confidence (or a min_confidence): each text's confidence, null where the model has no calibration
+    confidence: list[float | None] | None = None
+    confidence_raw: list[float] | None = None  # each text's raw score: its tokens' mean log-probability
+    calibrated: bool | None = None  # false: the model has no calibration (nanomt calibrate), raw scores only
+    sentences: list[list[SentenceConfidence]] | None = None  # each text's sentences, as translated
+    low_confidence: list[int] | None = None  # texts with a sentence under min_confidence
 
 
 class AttentionRequest(DecodingRequest):

@@ -143,6 +143,12 @@ class ServeConfig:
         read=read_glossary_file,
         help="the default glossary ('source term<TAB>target term' lines) of every request",
     )
+    min_confidence: float | None = setting(
+        None,
+        help="nanomt's /translate lists the texts with a sentence whose confidence (the model's estimate of its "
+        "chrF / 100) is below this, in low_confidence, and returns the confidences; every model needs a calibration "
+        "(nanomt calibrate). Nothing is left out (default: off)",
+    )
     pivot: str = setting(
         "en", help="a pair no model translates goes through this language, with two models (default %(default)s)"
     )
@@ -182,6 +188,8 @@ class ServeConfig:
             raise ValueError(f"max_loaded must be >= 1, got {self.max_loaded}")
         if self.cache_size < 0 or not self.cache_age > 0:
             raise ValueError(f"cache_size must be >= 0 and cache_age > 0, got {self.cache_size}, {self.cache_age}")
+        if self.min_confidence is not None and not 0 <= self.min_confidence <= 1:
+            raise ValueError(f"min_confidence must be in 0..1, got {self.min_confidence}")
         if self.api_key == "":  # an empty key is no key
             object.__setattr__(self, "api_key", None)
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import asdict
 from pathlib import Path
 
 from nanomt.core.decoding import Decoding
+from nanomt.decoding import calibration as calib
+from nanomt.decoding.calibration import Calibration, agreement, sentence_chrf
 from nanomt.decoding.translate import Translator
 from nanomt.training.data import CorpusError, read_lines
 from nanomt.training.metrics import score
@@ -20,19 +23,27 @@ def evaluate(
     save_hyp: str | Path | None = None,
     progress: bool = False,
     max_tokens: int | None = None,
+    confidence: bool = False,
     **settings,
 ) -> dict:
     """Translate `src_path` with `decoding` (default: the checkpoint's) and `settings` changed (e.g. beam_size=4),
-    score against `ref_path`; returns a JSON-ready report."""
-    srcs, refs = read_lines(src_path), read_lines(ref_path)
-    if len(srcs) != len(refs):
-        raise CorpusError(f"{src_path} has {len(srcs)} lines but {ref_path} has {len(refs)}")
+    score against `ref_path`; returns a JSON-ready report. With `confidence`, also how well the confidence (and the
+    raw score) follow each sentence's chrF; its read-back pass is then part of the time."""
+    srcs, refs = read_pairs(src_path, ref_path)
     decoding = (decoding or translator.default_decoding).replace(**settings)
     start = time.perf_counter()
-    hyps = translator.translate_hypotheses(srcs, decoding, max_tokens=max_tokens, progress=progress)
+    if confidence:
+        confident = translator.translate_confident(srcs, decoding, max_tokens=max_tokens)
+        hyps = None
+    else:
+        hyps = translator.translate_hypotheses(srcs, decoding, max_tokens=max_tokens, progress=progress)
     seconds = time.perf_counter() - start
-    texts = translator.tokenizer.decode_tgt([h[0].tokens for h in hyps])
-    n_tokens = sum(len(h[0].tokens) + 1 for h in hyps)  # + EOS: every generated token counts
+    if hyps is None:
+        texts = [c.translation for c in confident]
+        n_tokens = sum(len(c.words) for c in confident)  # words: an ensemble or empty lines have none
+    else:
+        texts = translator.tokenizer.decode_tgt([h[0].tokens for h in hyps])
+        n_tokens = sum(len(h[0].tokens) + 1 for h in hyps)  # + EOS: every generated token counts
     if save_hyp:
         Path(save_hyp).write_text("".join(t + "\n" for t in texts), encoding="utf-8")
     report = asdict(score(texts, refs))
@@ -42,4 +53,63 @@ def evaluate(
         tokens_per_s=round(n_tokens / max(seconds, 1e-9), 1),
         beam_size=decoding.beam_size,
     )
+    if confidence:
+        report.update(confidence_report(confident, texts, refs))
+        del report["tokens_per_s"]  # the read-back pass is in the time: no decoding speed to report
     return report
+
+
+def read_pairs(src_path: str | Path, ref_path: str | Path) -> tuple[list[str], list[str]]:
+    """A source file and its references, one line each (CorpusError when they differ in length)."""
+    srcs, refs = read_lines(src_path), read_lines(ref_path)
+    if len(srcs) != len(refs):
+        raise CorpusError(f"{src_path} has {len(srcs)} lines but {ref_path} has {len(refs)}")
+    return srcs, refs
+
+
+def confidence_report(confident: list, texts: list[str], refs: list[str]) -> dict:
+    """How each sentence's confidence and raw score follow its chrF / 100 (Pearson, Spearman; MAE for the
+    confidence, which estimates it)."""
+    keep = [i for i, c in enumerate(confident) if c.features is not None]
+    chrf = sentence_chrf([texts[i] for i in keep], [refs[i] for i in keep])
+    report = {"raw_score": agreement([confident[i].raw for i in keep], chrf)}
+    del report["raw_score"]["mae"]  # a log-probability is no estimate of chrF: no error to speak of
+    if keep and confident[keep[0]].confidence is not None:
+        report["confidence"] = agreement([confident[i].confidence for i in keep], chrf)
+    else:
+        report["confidence"] = "uncalibrated (nanomt calibrate fits it)"
+    return report
+
+
+def calibrate(
+    translator: Translator,
+    srcs: list[str],
+    refs: list[str],
+    weights: str | Path,
+    decoding: Decoding | None = None,
+    max_tokens: int | None = None,
+    data: str = "",
+) -> Calibration:
+    """Fit the confidence of `translator` (whose weights are the file `weights`) on sentences and their references
+    (`data` names them), and write it as calibration.json beside the weights; CalibrationError with too few."""
+    pairs = [(s, r) for s, r in zip(srcs, refs) if s.strip() and r.strip()]
+    if len(pairs) < calib.MIN_SENTENCES:
+        raise calib.CalibrationError(
+            f"{len(pairs)} sentence pairs to calibrate on{' in ' + data if data else ''}: "
+            f"at least {calib.MIN_SENTENCES} are needed"
+        )
+    decoding = decoding or translator.default_decoding
+    confident = translator.translate_confident([s for s, _ in pairs], decoding, max_tokens=max_tokens)
+    chrf = sentence_chrf([c.translation for c in confident], [r for _, r in pairs])
+    fitted = calib.fit([c.features for c in confident], chrf)
+    raw = agreement([c.raw for c in confident], chrf)
+    described = {
+        **fitted.fit,
+        "data": data,
+        "beam_size": decoding.beam_size,
+        "raw_score": {"pearson": raw["pearson"], "spearman": raw["spearman"]},
+    }
+    fitted = dataclasses.replace(fitted, weights_sha256=calib.file_sha256(weights), fit=described)
+    fitted.save(Path(weights).parent)
+    translator.calibration = fitted
+    return fitted

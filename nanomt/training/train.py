@@ -31,6 +31,7 @@ from nanomt.core.config import Config, SplitConfig, TrainConfig, load_config, sa
 from nanomt.core.model import Transformer, varlen_kernel
 from nanomt.core.runtime import Runtime, autocast
 from nanomt.core.tokenizer import Tokenizer, train_tokenizer
+from nanomt.decoding import calibration as calib
 from nanomt.decoding.translate import Translator
 from nanomt.training.data import (
     Batch,
@@ -51,6 +52,7 @@ from nanomt.training.data import (
     shard,
     split_pairs,
 )
+from nanomt.training.evaluate import calibrate
 from nanomt.training.metrics import bleu
 
 log = logging.getLogger("nanomt")
@@ -876,9 +878,29 @@ def train(cfg: Config, run_dir: str | Path) -> Path:
             evaluate_and_log()
         if state.step % tc.save_every != 0:
             save()
+        if tc.calibrate and rt.is_main and data.valid is not None:
+            calibrate_run(cfg, run_dir, rt)
     if rt.world > 1:
         dist.barrier()
     return run_dir
+
+
+def calibrate_run(cfg: Config, run_dir: Path, rt: Runtime) -> None:
+    """Fit the confidence on the whole validation set with the run's best weights (train.calibrate), where the set
+    has enough sentences; never touching the weights."""
+    pairs = [(s, t) for s, t in split_pairs(cfg.data, "valid") if s.strip() and t.strip()]
+    if len(pairs) < calib.MIN_SENTENCES:
+        log.info("confidence not calibrated: %d validation pairs, %d needed", len(pairs), calib.MIN_SENTENCES)
+        return
+    translator = Translator.from_checkpoint(run_dir, rt.device, calibrated=False)
+    srcs, refs = [s for s, _ in pairs], [t for _, t in pairs]
+    fitted = calibrate(translator, srcs, refs, ckpt.checkpoint_weights(run_dir), data="validation set")
+    log.info(
+        "confidence calibrated on %d validation sentences: Pearson %.3f with sentence chrF (the raw score's %.3f)",
+        fitted.fit["sentences"],
+        fitted.fit["pearson"],
+        fitted.fit["raw_score"]["pearson"],
+    )
 
 
 def rank0_value(value, rt: Runtime):

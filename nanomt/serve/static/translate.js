@@ -1,8 +1,8 @@
 "use strict";
 // Translation as you type: after a short pause the whole text goes to POST translate as one document (LibreTranslate's
 // request, so the page uses what clients use; nanomt's with a glossary, which LibreTranslate's lacks), the request
-// before it cancelled. The translation is shown sentence by sentence: a click (or Enter) on one shows its
-// alternatives and its attention.
+// before it cancelled, asking for each sentence's confidence. The translation is shown sentence by sentence, each
+// shaded by its confidence (confidence.js): a click (or Enter) on one shows its alternatives and its attention.
 
 const Translate = (() => {
   const DEBOUNCE_MS = 100;  // short: the keystroke-to-translation time is this, the request and the render
@@ -32,10 +32,23 @@ const Translate = (() => {
     $("output").setAttribute("aria-busy", String(on));
   }
 
-  // The translation on screen: a line a paragraph, a span a sentence that knows its source sentence (the source
-  // line's sentence of the same index, or the whole line when the two lines split into different counts).
-  function render(source, target) {
-    const out = $("output"), srcLines = source.split("\n"), tgtLines = target.split("\n");
+  // A sentence of the translation: a span that knows its source sentence, a click (or Enter) away from its
+  // alternatives and attention.
+  function sentenceSpan(text, source) {
+    const span = document.createElement("span");
+    span.className = "sent";
+    span.textContent = text;
+    span.tabIndex = 0;
+    span.setAttribute("role", "button");
+    span.title = "Alternatives and attention of this sentence";
+    span.dataset.source = source.trim();
+    return span;
+  }
+
+  // Without the server's sentences: a line a paragraph, a span a sentence whose source is the source line's sentence
+  // of the same index (or the whole line when the two lines split into different counts).
+  function byLines(source, target) {
+    const srcLines = source.split("\n"), tgtLines = target.split("\n");
     const nodes = [];
     tgtLines.forEach((line, i) => {
       if (i) nodes.push(document.createTextNode("\n"));
@@ -44,30 +57,62 @@ const Translate = (() => {
       const lead = line.match(/^\s*/)[0];
       if (lead) nodes.push(document.createTextNode(lead));
       tgtSents.forEach((sent, j) => {
-        const span = document.createElement("span");
         const text = sent.trimEnd();
-        span.className = "sent";
-        span.textContent = text;
-        span.tabIndex = 0;
-        span.setAttribute("role", "button");
-        span.title = "Alternatives and attention of this sentence";
-        span.dataset.source = (srcSents.length === tgtSents.length ? srcSents[j] : srcLine).trim();
-        nodes.push(span);
+        nodes.push(sentenceSpan(text, srcSents.length === tgtSents.length ? srcSents[j] : srcLine));
         if (sent.length > text.length) nodes.push(document.createTextNode(sent.slice(text.length)));
       });
     });
-    out.replaceChildren(...nodes);
-    out.dataset.state = target ? "done" : "empty";
+    return nodes;
+  }
+
+  // With the server's sentences (confidence): each one's translation found in the target in order, the text between
+  // them kept as it is, so the output reads exactly as the target; each span shaded by its confidence. null when a
+  // sentence is not found there, or none is (the lines are split here then, with no marks).
+  function bySentences(target, conf) {
+    const nodes = [];
+    let cursor = 0;
+    for (const s of conf.sentences) {
+      if (!s.translation) continue;
+      const at = target.indexOf(s.translation, cursor);
+      if (at < 0) return null;
+      if (at > cursor) nodes.push(document.createTextNode(target.slice(cursor, at)));
+      const span = sentenceSpan(s.translation, typeof s.source === "string" ? s.source : "");
+      if (conf.calibrated) Confidence.mark(span, s);
+      nodes.push(span);
+      cursor = at + s.translation.length;
+    }
+    if (cursor < target.length) nodes.push(document.createTextNode(target.slice(cursor)));
+    return nodes.some((n) => n.nodeType === Node.ELEMENT_NODE) || !target.trim() ? nodes : null;
+  }
+
+  // The translation on screen, with the confidence legend when `conf` (Confidence.of a translate answer) has marks.
+  function render(source, target, conf = null) {
+    const marked = conf ? bySentences(target, conf) : null;
+    $("output").replaceChildren(...(marked || byLines(source, target)));
+    Confidence.legend(marked ? conf : null);
+    $("output").dataset.state = target ? "done" : "empty";
     $("copy").disabled = !target;
   }
 
   function clearOutput() {
     $("output").replaceChildren();
+    Confidence.legend(null);
     $("output").dataset.state = "empty";
     $("output-meta").textContent = "";
     $("copy").disabled = true;
     shown = null;
     Sentence.close();
+  }
+
+  // POST translate asking for the sentences' confidence too; a server that refuses the field (400, 422) is asked
+  // again without it, and the translation shows with no marks.
+  async function withConfidence(body, signal) {
+    try {
+      return await Api.call("translate", { method: "POST", json: { ...body, confidence: true }, signal });
+    } catch (err) {
+      if (!(err instanceof Api.ApiError) || ![400, 422].includes(err.status)) throw err;
+      return Api.call("translate", { method: "POST", json: body, signal });
+    }
   }
 
   async function run() {
@@ -87,7 +132,7 @@ const Translate = (() => {
     busy(true);
     timing.sent = performance.now();
     try {
-      let translated, detected = null, missed = false;
+      let translated, detected = null, missed = false, conf = null;
       const signal = controller.signal;
       if (terms.length) {
         let src = from;
@@ -96,20 +141,22 @@ const Translate = (() => {
           src = detected;
         }
         const body = { text: [text], split: true, source: src, target: to, glossary: terms };
-        const r = await Api.call("translate", { method: "POST", json: body, signal });
+        const r = await withConfidence(body, signal);
         translated = r.translations[0];
         missed = Boolean(r.terms_missed);
+        conf = Confidence.of(r);
       } else {
         const body = { q: text, source: from, target: to, format: "text" };
-        const r = await Api.call("translate", { method: "POST", json: body, signal });
+        const r = await withConfidence(body, signal);
         translated = r.translatedText;
         detected = r.detectedLanguage ? r.detectedLanguage.language : null;
+        conf = Confidence.of(r);
       }
       if (mine !== seq) return;
       timing.answered = performance.now();
       if (from === "auto") Languages.setDetected(detected);
       shown = { source: text, target: translated, from: from === "auto" ? detected : from, to };
-      render(text, translated);
+      render(text, translated, conf);
       $("output").lang = to;
       $("output-meta").textContent = missed ? "A glossary term could not be placed in every sentence." : "";
       showError("");
@@ -162,7 +209,8 @@ const Translate = (() => {
     if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) { e.preventDefault(); run(); }
   });
 
-  return { init, run, timing, current: () => shown, translation: () => (shown ? $("output").textContent : "") };
+  const translation = () => (shown ? $("output").textContent : "");
+  return { init, run, render, timing, current: () => shown, translation };
 })();
 
 // The selected sentence of the translation: its alternatives (POST translate with alternatives) and its attention.
@@ -201,7 +249,7 @@ const Sentence = (() => {
         button.textContent = text;
         button.setAttribute("aria-pressed", String(text === span.textContent));
         button.addEventListener("click", () => {
-          span.textContent = text;
+          Confidence.retext(span, text);
           $("alternatives").querySelectorAll("button").forEach((b) => b.setAttribute("aria-pressed", "false"));
           button.setAttribute("aria-pressed", "true");
         });

@@ -1,0 +1,176 @@
+"""A translation's confidence: the model's estimate of its sentence-level chrF against a reference, over 100 (0 to 1).
+
+A Calibration maps a sentence's read-back features (nanomt.decoding.quality) to that estimate. It is fitted on
+sentences with references (`nanomt calibrate`, or `nanomt train` on its validation set when training ends) and stored
+as calibration.json beside the weights it was fitted for, with their hash: weights that change leave it unused, never
+silently stale. The weights themselves are never written. The predictor, a logistic curve on the standardized
+features, was chosen by measurement against a line on the mean log-probability (docs/confidence.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from nanomt.decoding.quality import FEATURES
+
+log = logging.getLogger("nanomt")
+CALIBRATION = "calibration.json"  # beside model.safetensors
+MIN_SENTENCES = 100  # fewer sentences than this fit nothing worth calling calibrated
+RIDGE = 1e-5  # L2 on the standardized weights: keeps a near-constant feature from taking a large weight
+KINDS = ("line", "logistic")
+
+
+class CalibrationError(ValueError):
+    """Too few sentences to fit on, or a calibration file that cannot be read."""
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """features -> confidence: `line` is a + b x on one feature, clipped to [0, 1]; `logistic` is
+    sigmoid(b + w . (x - mean) / scale) on several."""
+
+    kind: str
+    features: tuple[str, ...]
+    mean: tuple[float, ...]
+    scale: tuple[float, ...]
+    weights: tuple[float, ...]
+    bias: float
+    weights_sha256: str = ""  # the weights file it was fitted for ("" when fitted in memory)
+    fit: dict = field(default_factory=dict)  # what it was fitted on, and how well it fits there
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise CalibrationError(f"unknown calibration kind {self.kind!r} (known: {', '.join(KINDS)})")
+        unknown = sorted(set(self.features) - set(FEATURES))
+        if unknown:
+            raise CalibrationError(f"unknown feature {unknown[0]!r} (known: {', '.join(FEATURES)})")
+        if not (len(self.features) == len(self.mean) == len(self.scale) == len(self.weights)):
+            raise CalibrationError("a calibration needs one mean, scale and weight per feature")
+
+    def predict(self, rows: Sequence[dict[str, float]]) -> np.ndarray:
+        """(N,) each sentence's confidence from its features."""
+        x = np.array([[r[f] for f in self.features] for r in rows], dtype=np.float64).reshape(len(rows), -1)
+        z = (x - np.array(self.mean)) / np.array(self.scale) @ np.array(self.weights) + self.bias  # (N,)
+        if self.kind == "line":
+            return np.clip(z, 0.0, 1.0)
+        return 1.0 / (1.0 + np.exp(-z))
+
+    def save(self, directory: str | Path) -> Path:
+        """Write calibration.json into `directory` (through a temporary file)."""
+        path = Path(directory) / CALIBRATION
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=1) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+        return path
+
+
+def fit(rows: Sequence[dict[str, float]], targets: Sequence[float], kind: str = "logistic",
+        features: Sequence[str] = FEATURES) -> Calibration:  # fmt: skip
+    """Fit a calibration of `kind` on sentences' features and their chrF / 100, by least squares."""
+    if len(rows) < MIN_SENTENCES:
+        raise CalibrationError(f"{len(rows)} sentences to calibrate on: at least {MIN_SENTENCES} are needed")
+    x = np.array([[r[f] for f in features] for r in rows], dtype=np.float64)  # (N, F)
+    y = np.asarray(targets, dtype=np.float64)  # (N,)
+    mean, scale = x.mean(0), x.std(0)
+    scale[scale < 1e-9] = 1.0  # a constant feature (no unknown pieces anywhere) carries no weight
+    z = (x - mean) / scale
+    if kind == "line":
+        a = np.c_[z, np.ones(len(z))]
+        coef = np.linalg.solve(a.T @ a + RIDGE * np.diag([1.0] * z.shape[1] + [0.0]), a.T @ y)
+        weights, bias = coef[:-1], coef[-1]
+    elif kind == "logistic":
+        weights, bias = fit_logistic(z, y)
+    else:
+        raise CalibrationError(f"unknown calibration kind {kind!r} (known: {', '.join(KINDS)})")
+    cal = Calibration(kind, tuple(features), tuple(mean), tuple(scale), tuple(map(float, weights)), float(bias))
+    return Calibration(**{**asdict(cal), "features": cal.features, "fit": agreement(cal.predict(rows), y)})
+
+
+def fit_logistic(z: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
+    """Weights and bias of sigmoid(w . z + b) closest to y in squared error (L-BFGS from the line's start)."""
+    zt, yt = torch.tensor(z), torch.tensor(y)
+    w = torch.zeros(z.shape[1], dtype=torch.float64, requires_grad=True)
+    b = torch.tensor(math.log(y.mean() / max(1 - y.mean(), 1e-6)), dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.LBFGS([w, b], lr=1.0, max_iter=500, line_search_fn="strong_wolfe", tolerance_grad=1e-10)
+
+    def loss():
+        opt.zero_grad()
+        value = ((torch.sigmoid(zt @ w + b) - yt) ** 2).mean() + RIDGE * (w**2).sum()
+        value.backward()
+        return value
+
+    opt.step(loss)
+    return w.detach().numpy(), float(b.detach())
+
+
+def agreement(predicted: Sequence[float], actual: Sequence[float]) -> dict:
+    """How well predictions follow the truth: Pearson and Spearman correlation, mean absolute error, sentences."""
+    p, a = np.asarray(predicted, dtype=np.float64), np.asarray(actual, dtype=np.float64)
+    return {
+        "pearson": round(_pearson(p, a), 4),
+        "spearman": round(_pearson(_ranks(p), _ranks(a)), 4),
+        "mae": round(float(np.abs(p - a).mean()), 4),
+        "sentences": len(p),
+    }
+
+
+def _pearson(x: np.ndarray, y: np.ndarray) -> float:
+    if x.std() == 0 or y.std() == 0:
+        return 0.0
+    return float(np.corrcoef(x, y)[0, 1])
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    """Ranks with ties given their mean rank (what Spearman's correlation correlates)."""
+    order = np.argsort(x, kind="stable")
+    ranks = np.empty(len(x))
+    ranks[order] = np.arange(len(x))
+    values, inverse = np.unique(x, return_inverse=True)
+    sums = np.bincount(inverse, weights=ranks)
+    return (sums / np.bincount(inverse))[inverse]
+
+
+def sentence_chrf(hypotheses: Sequence[str], references: Sequence[str]) -> list[float]:
+    """Each hypothesis' sentence-level chrF (sacreBLEU's defaults) against its reference, over 100."""
+    from sacrebleu.metrics import CHRF
+
+    metric = CHRF()
+    return [metric.sentence_score(h, [r]).score / 100 for h, r in zip(hypotheses, references)]
+
+
+def file_sha256(path: str | Path) -> str:
+    """The SHA-256 of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+def load(directory: str | Path, weights: str | Path) -> Calibration | None:
+    """The calibration stored in `directory` for the weights file `weights`; None (and a log line saying why) when
+    there is none, or when it was fitted for other weights. A damaged file is a CalibrationError."""
+    path = Path(directory) / CALIBRATION
+    if not path.is_file():
+        return None
+    try:
+        stored = json.loads(path.read_text(encoding="utf-8"))
+        cal = Calibration(**{**stored, "features": tuple(stored["features"]), "mean": tuple(stored["mean"]),
+                             "scale": tuple(stored["scale"]), "weights": tuple(stored["weights"])})  # fmt: skip
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CalibrationError(f"{path}: cannot read the calibration: {str(e).splitlines()[0]}") from None
+    if cal.weights_sha256 != file_sha256(weights):
+        log.warning("%s was fitted for other weights than %s: confidence uncalibrated (run nanomt calibrate)", path,
+                    weights)  # fmt: skip
+        return None
+    return cal

@@ -1,0 +1,55 @@
+"""Confidence in the server's answers: each text's sentences with their Confident (nanomt.decoding.translate) turned
+into the response fields both APIs share, and the min_confidence threshold's marks."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from fastapi import HTTPException
+
+from nanomt.decoding.translate import Confident
+from nanomt.documents.translation import text_confidence
+from nanomt.serve.schemas import SentenceConfidence, WordProbability
+
+# A sentence answered from the translation memory is a person's correction: trusted, as the model's words are not.
+CORRECTION = Confident(translation="", score=0.0, confidence=1.0, raw=0.0)
+
+Sentences = Sequence[tuple[str, Confident]]  # a text's (source sentence, its Confident), in order
+
+
+def from_memory(translation: str) -> Confident:
+    """A correction from the translation memory as a Confident."""
+    return Confident(translation, CORRECTION.score, CORRECTION.confidence, CORRECTION.raw)
+
+
+def sentence(source: str, c: Confident, threshold: float | None) -> SentenceConfidence:
+    low = None if threshold is None or c.confidence is None else c.confidence < threshold
+    return SentenceConfidence(
+        source=source,
+        translation=c.translation,
+        confidence=None if c.confidence is None else round(c.confidence, 4),
+        confidence_raw=round(c.raw, 4),
+        words=[WordProbability(word=w, probability=p) for w, p in c.words],
+        doubtful=c.doubtful,
+        low=low,
+    )
+
+
+def fields(texts: Sequence[Sentences], threshold: float | None, model: str) -> dict:
+    """The response fields of texts' confidences: confidence, confidence_raw, calibrated, sentences and, with a
+    threshold, low_confidence. A threshold with a model that has no calibration is a 400 naming the model."""
+    calibrated = all(c.confidence is not None for sentences in texts for _, c in sentences)
+    if threshold is not None and not calibrated:
+        raise HTTPException(
+            400, f"min_confidence: the model {model} has no calibration to compare with (nanomt calibrate fits one)"
+        )
+    per_text = [text_confidence(sentences) for sentences in texts]
+    rows = [[sentence(src, c, threshold) for src, c in sentences] for sentences in texts]
+    low = [i for i, row in enumerate(rows) if any(s.low for s in row)] if threshold is not None else None
+    return {
+        "confidence": [None if conf is None else round(conf, 4) for conf, _ in per_text],
+        "confidence_raw": [round(raw, 4) for _, raw in per_text],
+        "calibrated": calibrated,
+        "sentences": rows,
+        "low_confidence": low,
+    }

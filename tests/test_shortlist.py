@@ -1,0 +1,122 @@
+"""The vocabulary shortlist: its table against a brute-force count, decoding over it against a search of the whole
+model with the other ids masked, nothing changed when it is off, and `nanomt shortlist` / `--shortlist` / the API."""
+
+import subprocess
+from collections import Counter
+
+import pytest
+import torch
+from conftest import NANOMT, decoding, random_src, random_transformer, tiny_config
+from decode_golden import restricted_transformer
+
+from nanomt.core.config import config_from_dict
+from nanomt.decoding import shortlist as sl
+from nanomt.decoding.quantize import quantize_int8
+from nanomt.decoding.search import search
+from nanomt.decoding.translate import Translator
+from nanomt.training.train import train
+
+
+def brute_force(src, tgt, vocab, top, frequent):
+    """The table by counting in plain Python."""
+    s_count, t_count, pair = Counter(), Counter(), Counter()
+    for s, t in zip(src, tgt):
+        s_count.update(set(s))
+        t_count.update(set(t))
+        pair.update((a, b) for a in set(s) for b in set(t))
+    table = {}
+    for a in s_count:
+        scored = [(-2 * pair[a, b] / (s_count[a] + t_count[b]), b) for b in t_count if pair[a, b]]
+        table[a] = tuple(b for _, b in sorted(scored)[:top])
+    common = tuple(b for _, b in sorted((-c, b) for b, c in t_count.items())[:frequent])
+    return table, common
+
+
+def test_the_table_is_the_dice_ranking_of_a_brute_force_count():
+    g = torch.Generator().manual_seed(0)
+    src = [
+        torch.randint(4, 30, (int(torch.randint(1, 9, (1,), generator=g)),), generator=g).tolist() for _ in range(300)
+    ]
+    tgt = [[x + 10 for x in s[: len(s) // 2 + 1]] + torch.randint(4, 40, (2,), generator=g).tolist() for s in src]
+    built = sl.build(src, tgt, 60, "fp", top=5, frequent=7)
+    table, common = brute_force(src, tgt, 60, 5, 7)
+    assert built.table == table and built.frequent == common
+    # the pair a source id was built to predict (s -> s + 10) is ranked first for most ids
+    assert sum(built.table[s][0] == s + 10 for s in built.table) > 0.8 * len(built.table)
+    assert built.allowed([[4, 5]], [3]) == sorted(set(table[4]) | set(table[5]) | set(common) | {3})
+
+
+def masked_greedy(model, src, allowed, max_len):
+    """Greedy decoding of the whole model, recomputed from scratch each step, with every other id's logit -inf."""
+    out = []
+    for row in src:
+        tokens = [model.cfg.bos_id]
+        src_row = row[row != model.cfg.pad_id].unsqueeze(0)
+        for _ in range(max_len):
+            logits = model(src_row, torch.tensor([tokens]))[0, -1].float()
+            mask = torch.full_like(logits, float("-inf"))
+            mask[allowed] = 0
+            mask[[model.cfg.pad_id, model.cfg.bos_id]] = float("-inf")
+            nxt = int((logits + mask).argmax())
+            if nxt == model.cfg.eos_id:
+                break
+            tokens.append(nxt)
+        out.append(tokens[1:])
+    return out
+
+
+@pytest.mark.parametrize("restricted", [False, True])
+def test_decoding_over_a_shortlist_is_the_whole_models_search_with_the_other_ids_masked(restricted, one_thread):
+    model = restricted_transformer(2) if restricted else random_transformer(2, 50)
+    src = random_src([6, 3, 8], seed=3, vocab=50)
+    allowed = [3, 7, 9, 11, 20, 21, 22, 30, 31, 32, 41]  # EOS and a few others
+    view = sl.restrict(model, allowed)
+    got = [h[0].tokens for h in search(view, src, decoding(10))]
+    kept = [i for i in allowed if not restricted or bool(model.output_mask[i])]
+    assert got == masked_greedy(model, src, kept, 10)
+    assert all(t in kept for tokens in got for t in tokens)
+    # the view shares the model's parameters: nothing copied but the output rows
+    assert view.encoder is model.encoder and view.tgt_embed.tokens.weight is model.tgt_embed.tokens.weight
+    # every id allowed: the same beam search as the model itself
+    everything = list(range(50))
+    full = [h[0].tokens for h in search(model, src, decoding(10, beam_size=3))]
+    assert [h[0].tokens for h in search(sl.restrict(model, everything), src, decoding(10, beam_size=3))] == full
+
+
+def test_an_int8_model_restricts_its_int8_rows(one_thread):
+    model = quantize_int8(random_transformer(4, 50))
+    src = random_src([5, 7], seed=1, vocab=50)
+    full = search(model, src, decoding(10, beam_size=2))
+    view = sl.restrict(model, list(range(50)))
+    assert [h[0].tokens for h in search(view, src, decoding(10, beam_size=2))] == [h[0].tokens for h in full]
+    few = sl.restrict(model, [3, 10, 12, 14])
+    assert all(t in (10, 12, 14) for h in search(few, src, decoding(10)) for t in h[0].tokens)
+
+
+@pytest.fixture(scope="module")
+def run_dir(toy_corpus, tmp_path_factory):
+    torch.set_num_threads(1)
+    cfg = tiny_config(toy_corpus, max_steps=60, eval_every=60, save_every=60)
+    return train(config_from_dict(cfg), tmp_path_factory.mktemp("shortlist") / "run")
+
+
+def test_nanomt_shortlist_and_translate_shortlist(run_dir, toy_corpus, tmp_path):
+    src = toy_corpus["test.src"]
+    plain = subprocess.run([*NANOMT, "translate", str(run_dir), "-i", str(src)], capture_output=True, text=True)
+    missing = subprocess.run([*NANOMT, "translate", str(run_dir), "-i", str(src), "--shortlist"],
+                             capture_output=True, text=True)  # fmt: skip
+    assert missing.returncode != 0 and "shortlist.json not found" in missing.stderr
+    assert missing.stderr.strip().count("\n") == 0
+    subprocess.run([*NANOMT, "shortlist", str(run_dir), "--src", str(toy_corpus["train.src"]), "--tgt",
+                    str(toy_corpus["train.tgt"])], check=True, capture_output=True)  # fmt: skip
+    assert (run_dir / sl.SHORTLIST).is_file()
+    short = subprocess.run([*NANOMT, "translate", str(run_dir), "-i", str(src), "--shortlist"],
+                           capture_output=True, text=True, check=True)  # fmt: skip
+    again = subprocess.run([*NANOMT, "translate", str(run_dir), "-i", str(src)], capture_output=True, text=True)
+    assert again.stdout == plain.stdout  # a shortlist beside the weights changes nothing until asked for
+    assert len(short.stdout.splitlines()) == len(plain.stdout.splitlines())
+    t = Translator.from_checkpoint(run_dir)
+    lines = src.read_text().splitlines()
+    assert short.stdout.splitlines() == t.translate(lines, shortlist=True)
+    with pytest.raises(sl.ShortlistError, match="another|not"):
+        sl.Shortlist.load(run_dir, "another tokenizer")
