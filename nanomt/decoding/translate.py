@@ -197,7 +197,9 @@ class Translator:
         if int8:  # int8 linear layers: faster CPU decoding (README, Speed; benchmarks/results/speed.md)
             self.model = quantize_int8(self.model)
         self.int8 = int8
-        self.calibration = calibration  # features -> confidence; None: raw scores only (nanomt calibrate)
+        if calibration is not None:
+            self.calibration = calibration
+        self._calibration_at: tuple[Path, Path] | None = None  # where from_checkpoint's calibration is read
         self.directory: Path | None = None  # the checkpoint directory it was loaded from (its shortlist.json)
         self.tokenizer = tokenizer
         self.cfg = cfg
@@ -211,9 +213,10 @@ class Translator:
         unless `calibrated` is False (what `nanomt calibrate` replaces is not read)."""
         model, cfg, tokenizer = load_checkpoint(path, device)
         weights = checkpoint_weights(path, quiet=True)  # load_checkpoint has said which file it read
-        cal = calib.load(weights.parent, weights) if calibrated else None
-        translator = cls(model, tokenizer, cfg, device, int8, cal)
+        translator = cls(model, tokenizer, cfg, device, int8)
         translator.directory = weights.parent
+        if calibrated:  # read (and its weights' hash checked) when a confidence is first asked for, not at start-up
+            translator._calibration_at = (weights.parent, weights)
         return translator
 
     @classmethod
@@ -245,6 +248,11 @@ class Translator:
     def word_start(self) -> torch.Tensor:
         """(V,) the target ids after which a glossary term is a whole word (word_starts)."""
         return word_starts(self.tokenizer, self.cfg.model.tgt_vocab_size, self.cfg.model.eos_id)
+
+    @functools.cached_property
+    def calibration(self) -> Calibration | None:
+        """Features -> confidence (nanomt.decoding.calibration); None: raw scores only (nanomt calibrate fits one)."""
+        return calib.load(*self._calibration_at) if self._calibration_at else None
 
     @functools.cached_property
     def shortlist(self) -> Shortlist:
