@@ -160,6 +160,12 @@ def test_spearman_ranks_ties_by_their_mean_rank():
     assert got["pearson"] == pytest.approx(float(np.corrcoef([1, 2, 2, 3], [1, 2, 3, 4])[0, 1]), abs=1e-4)
 
 
+def test_a_model_whose_every_translation_scores_zero_still_fits():
+    rows, _ = rows_and_targets(150)
+    fitted = calib.fit(rows, np.zeros(150))
+    assert np.all(np.isfinite(fitted.predict(rows))) and fitted.predict(rows).max() < 0.01
+
+
 def test_too_few_sentences_are_refused():
     rows, y = rows_and_targets(calib.MIN_SENTENCES - 1)
     with pytest.raises(calib.CalibrationError, match=f"99 sentences.*at least {calib.MIN_SENTENCES}"):

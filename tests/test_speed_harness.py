@@ -143,3 +143,25 @@ def test_latency_harness_times_one_sentence_a_request(run_dir, src_file, tmp_pat
     if "fp32_serve_vs_nanomt" in report["differing_lines"]:
         assert report["differing_lines"]["fp32_serve_vs_nanomt"]["differing_lines"] == 0
     assert report["beam"] == 5 and len(report["machine"]["git_commit"]) == 40
+
+
+@pytest.mark.slow
+def test_the_whole_process_harness_times_both_engines_and_bounds_the_ratio(run_dir, src_file, tmp_path):
+    """benchmarks.translate_ct2: nanomt translate and the plain CTranslate2 script as whole processes, one round."""
+    pytest.importorskip("ctranslate2")
+    out = tmp_path / "process.json"
+    subprocess.run(
+        [sys.executable, "-m", "benchmarks.translate_ct2", str(run_dir), "--src", str(src_file), "--beam", "2",
+         "--reps", "1", "--warmup", "0", "--out", str(out)],
+        check=True, capture_output=True, cwd=REPO,
+    )  # fmt: skip
+    report = json.loads(out.read_text())
+    assert set(report["whole_s"]) == {"nanomt_fp32", "ct2_fp32", "nanomt_int8", "ct2_int8"}
+    assert set(report["one_line_s"]) == {*report["whole_s"], "import_torch"}
+    assert report["differing_lines"]["fp32_nanomt_vs_ct2"] == 0  # the same translations in float32
+    for kind in ("fp32", "int8"):
+        b = report["bound"][kind]
+        assert b["nanomt_decoding_s"] == pytest.approx(
+            report["whole_s"][f"nanomt_{kind}"] - report["one_line_s"][f"nanomt_{kind}"], abs=1e-3
+        )
+    assert not any(str(REPO) in json.dumps(v) for v in (report["run"], report["src"]))

@@ -100,7 +100,8 @@ def fit_logistic(z: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
     """Weights and bias of sigmoid(w . z + b) closest to y in squared error (L-BFGS from the line's start)."""
     zt, yt = torch.tensor(z), torch.tensor(y)
     w = torch.zeros(z.shape[1], dtype=torch.float64, requires_grad=True)
-    b = torch.tensor(math.log(y.mean() / max(1 - y.mean(), 1e-6)), dtype=torch.float64, requires_grad=True)
+    mean = min(max(float(y.mean()), 1e-3), 1 - 1e-3)  # an untrained model's chrF may all be 0
+    b = torch.tensor(math.log(mean / (1 - mean)), dtype=torch.float64, requires_grad=True)
     opt = torch.optim.LBFGS([w, b], lr=1.0, max_iter=500, line_search_fn="strong_wolfe", tolerance_grad=1e-10)
 
     def loss():
