@@ -222,6 +222,7 @@ def test_confident_translations_are_the_translations_with_the_calibrations_estim
         assert found[-1] == Confident("", 0.0, 1.0, 0.0)
 
 
+@pytest.mark.slow  # nanomt in subprocesses
 def test_nanomt_calibrate_writes_only_its_file_and_refuses_too_few(uncalibrated, toy_corpus, tmp_path):
     before = {p.name: sha(p) for p in uncalibrated.iterdir() if p.is_file()}
     out = subprocess.run(
@@ -244,6 +245,7 @@ def test_nanomt_calibrate_writes_only_its_file_and_refuses_too_few(uncalibrated,
     (uncalibrated / calib.CALIBRATION).unlink()
 
 
+@pytest.mark.slow  # nanomt in subprocesses
 def test_translate_confidence_writes_a_second_column_or_says_there_is_none(run_dir, uncalibrated, tmp_path, sentences):
     src = tmp_path / "in.txt"
     src.write_text("\n".join(sentences) + "\n")
@@ -261,6 +263,7 @@ def test_translate_confidence_writes_a_second_column_or_says_there_is_none(run_d
     assert refused.returncode != 0 and "--confidence" in refused.stderr
 
 
+@pytest.mark.slow  # nanomt in subprocesses
 def test_evaluate_reports_the_correlation_beside_bleu(run_dir, toy_corpus):
     out = subprocess.run(
         [*NANOMT, "evaluate", str(run_dir), "--src", str(toy_corpus["test.src"]), "--ref", str(toy_corpus["test.tgt"]),
@@ -278,6 +281,7 @@ def test_evaluate_reports_the_correlation_beside_bleu(run_dir, toy_corpus):
     assert "bleu" in report
 
 
+@pytest.mark.slow  # nanomt in subprocesses
 def test_the_predictor_comparison_runs_on_a_small_shape(run_dir, toy_corpus, tmp_path):
     """benchmarks.confidence --smoke on the toy pair laid out as Multi30k and news sets."""
     data = tmp_path / "data"

@@ -100,6 +100,7 @@ def run_dir(toy_corpus, tmp_path_factory):
     return train(config_from_dict(cfg), tmp_path_factory.mktemp("shortlist") / "run")
 
 
+@pytest.mark.slow  # nanomt in subprocesses
 def test_nanomt_shortlist_and_translate_shortlist(run_dir, toy_corpus, tmp_path):
     src = toy_corpus["test.src"]
     plain = subprocess.run([*NANOMT, "translate", str(run_dir), "-i", str(src)], capture_output=True, text=True)

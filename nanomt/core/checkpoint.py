@@ -179,7 +179,7 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> tup
             f"{weights} was trained with tokenizer {stored[:12]}, but {tokenizer_dir} holds tokenizer {actual[:12]} "
             "(a tokenizer from another run?)"
         )
-    model = Transformer(cfg.model)
+    model = Transformer(cfg.model, init=False)  # every weight is loaded next (load_weights checks)
     load_weights(model, weights)
     return model.to(device).eval(), cfg, tokenizer
 
