@@ -119,7 +119,8 @@ def next_log_probs(
 
 def entropy(log_probs: Tensor) -> Tensor:
     """(R,) the entropy of each row's distribution, given as log-probs (R, V) with -inf where masked."""
-    return -(log_probs.exp() * log_probs.nan_to_num(neginf=0.0)).sum(-1)
+    # A masked id gives 0 * -inf = nan: nansum leaves it out (no copy of the scores with the -inf replaced).
+    return -(log_probs.exp() * log_probs).nansum(-1)
 
 
 def recorded(seq: list[int], log_probs: list[float], entropies: list[float], eos_id: int, budget: int) -> dict:
