@@ -1,7 +1,7 @@
 """`nanomt translate` against CTranslate2 as a user times them: whole processes, start to exit, start-up included.
 
     python -m benchmarks.translate_ct2 runs/multi30k_de_en --src ../shared/data/multi30k/test2016.de
-    python -m benchmarks.translate_ct2 RUN --src FILE --reps 3 --out /tmp/x.json      # a quick run
+    python -m benchmarks.translate_ct2 RUN --src FILE --reps 3 --out runs/translate_ct2_quick.json   # a quick run
 
 The CTranslate2 side is a plain script (`python -m benchmarks.translate_ct2 --ct2 DIR ...`): it imports
 CTranslate2 and SentencePiece (never torch), loads the model exported by `nanomt export ct2` (float32 weights,

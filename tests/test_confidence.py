@@ -15,6 +15,7 @@ import torch
 from conftest import KEPT, NANOMT, decoding, random_src, random_transformer
 from decode_golden import restricted_transformer
 
+from nanomt.core.checkpoint import file_sha256
 from nanomt.core.model import prune_output
 from nanomt.decoding import calibration as calib
 from nanomt.decoding.quality import FEATURES, TokenScores, read_back, word_probabilities
@@ -177,7 +178,7 @@ def test_a_calibration_for_other_weights_is_not_used(tmp_path):
     weights.write_bytes(b"weights")
     rows, y = rows_and_targets(200)
     fitted = calib.fit(rows, y)
-    fitted.__class__(**{**fitted.__dict__, "weights_sha256": calib.file_sha256(weights)}).save(tmp_path)
+    fitted.__class__(**{**fitted.__dict__, "weights_sha256": file_sha256(weights)}).save(tmp_path)
     loaded = calib.load(tmp_path, weights)
     assert loaded is not None and loaded.predict(rows) == pytest.approx(fitted.predict(rows))
     weights.write_bytes(b"other weights")

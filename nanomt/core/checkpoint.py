@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import math
 import os
@@ -92,6 +93,15 @@ def weights_fingerprint(path: str | Path) -> str | None:
             return (f.metadata() or {}).get(FINGERPRINT)
     except (SafetensorError, OSError) as e:
         raise CheckpointError(f"{path}: cannot read weights: {e}") from None
+
+
+def file_sha256(path: str | Path, prefix: bytes = b"") -> str:
+    """The SHA-256 of `prefix` and then a file's bytes, read a MiB at a time."""
+    h = hashlib.sha256(prefix)
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
 
 
 def read_weights(path: str | Path) -> dict[str, torch.Tensor]:

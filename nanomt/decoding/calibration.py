@@ -9,7 +9,6 @@ features, was chosen by measurement against a line on the mean log-probability (
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -21,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from nanomt.core.checkpoint import file_sha256
 from nanomt.decoding.quality import FEATURES
 
 log = logging.getLogger("nanomt")
@@ -147,15 +147,6 @@ def sentence_chrf(hypotheses: Sequence[str], references: Sequence[str]) -> list[
 
     metric = CHRF()
     return [metric.sentence_score(h, [r]).score / 100 for h, r in zip(hypotheses, references)]
-
-
-def file_sha256(path: str | Path) -> str:
-    """The SHA-256 of a file's bytes."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            h.update(block)
-    return h.hexdigest()
 
 
 def load(directory: str | Path, weights: str | Path) -> Calibration | None:

@@ -12,7 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch import Tensor
 
+from nanomt.core.batches import make_batches
+from nanomt.core.config import ModelConfig
 from nanomt.core.model import Transformer
 from nanomt.decoding.steps import Hypothesis, entropy
 
@@ -22,7 +25,7 @@ FEATURES = ("mean_log_prob", "min_log_prob", "mean_entropy", "length_ratio", "un
 # so that a sentence's features stay finite.
 LOG_PROB_FLOOR = -20.0
 DOUBTFUL = 0.5  # a word whose probability is below this is listed as doubtful
-READ_BATCH_TOKENS = 8000  # source + target tokens a read-back batch holds
+READ_BATCH_TOKENS = 4000  # padded tokens a side a read-back batch holds
 
 
 @dataclass(frozen=True)
@@ -41,8 +44,7 @@ class TokenScores:
         if not hyp.token_log_probs:
             return None
         lps = np.maximum(np.asarray(hyp.token_log_probs, dtype=np.float64), LOG_PROB_FLOOR)
-        unknown = sum(1 for x in src[:-1] if x == unk_id)
-        return cls(lps, np.asarray(hyp.entropies, dtype=np.float64), len(src) - 1, unknown)
+        return cls(lps, np.asarray(hyp.entropies, dtype=np.float64), len(src) - 1, unknown_pieces(src, unk_id))
 
     @classmethod
     def join(cls, parts: Sequence[TokenScores]) -> TokenScores:
@@ -54,13 +56,12 @@ class TokenScores:
 
     def features(self) -> dict[str, float]:
         """The sentence's FEATURES."""
+        # length_ratio: target over source tokens, EOS on both
         return {
-            "mean_log_prob": float(self.log_probs.mean()),
+            "mean_log_prob": self.mean_log_prob,
             "min_log_prob": float(self.log_probs.min()),
             "mean_entropy": float(self.entropies.mean()),
-            "length_ratio": math.log(
-                len(self.log_probs) / (self.src_len + 1)
-            ),  # target over source tokens, EOS on both
+            "length_ratio": math.log(len(self.log_probs) / (self.src_len + 1)),
             "unknown_source": self.unknown / max(self.src_len, 1),
         }
 
@@ -70,21 +71,32 @@ class TokenScores:
         return float(self.log_probs.mean())
 
 
+def unknown_pieces(src: list[int], unk_id: int) -> int:
+    """How many of a row's source pieces (ids with EOS last) the vocabulary lacks."""
+    return sum(1 for x in src[:-1] if x == unk_id)
+
+
+def teacher_forced(src_ids: list[list[int]], tgt_ids: list[list[int]], cfg: ModelConfig) -> tuple[Tensor, ...]:
+    """(source ids with EOS, translation ids without BOS/EOS) pairs as padded tensors: src (B, S), the decoder's
+    input BOS + translation (B, T + 1), and what each position predicts, translation + EOS (B, T + 1)."""
+    src = torch.full((len(src_ids), max(map(len, src_ids))), cfg.pad_id, dtype=torch.long)  # (B, S)
+    tgt_out = torch.full((len(tgt_ids), 1 + max(map(len, tgt_ids))), cfg.pad_id, dtype=torch.long)  # (B, T + 1)
+    tgt_in = tgt_out.clone()
+    for row, (s, t) in enumerate(zip(src_ids, tgt_ids)):
+        src[row, : len(s)] = torch.tensor(s)
+        tgt_in[row, : len(t) + 1] = torch.tensor([cfg.bos_id, *t])  # position i predicts target token i
+        tgt_out[row, : len(t) + 1] = torch.tensor([*t, cfg.eos_id])
+    return src, tgt_in, tgt_out
+
+
 def read_back(model: Transformer, src: list[list[int]], tgt: list[list[int]], unk_id: int) -> list[TokenScores]:
     """Each (source ids with EOS, translation ids without BOS/EOS) pair read back by the model, teacher-forced, with
-    EOS scored after the translation; in batches by length."""
-    order = sorted(range(len(src)), key=lambda i: (len(src[i]), len(tgt[i])))
+    EOS scored after the translation; in batches by length (make_batches, READ_BATCH_TOKENS padded a side)."""
     out: list[TokenScores | None] = [None] * len(src)
-    batch: list[int] = []
-    for i in [*order, None]:
-        rows = [*batch, i] if i is not None else batch
-        width = len(rows) * (max(len(src[j]) for j in rows) + max(len(tgt[j]) for j in rows) + 1) if rows else 0
-        if batch and (i is None or width > READ_BATCH_TOKENS):
-            for j, r in zip(batch, _read_batch(model, [src[j] for j in batch], [tgt[j] for j in batch], unk_id)):
-                out[j] = r
-            batch = []
-        if i is not None:
-            batch.append(i)
+    src_lens, tgt_lens = [len(s) - 1 for s in src], [len(t) for t in tgt]  # make_batches adds EOS/BOS itself
+    for batch in make_batches(src_lens, tgt_lens, READ_BATCH_TOKENS, 0, 0, shuffle=False) if src else []:
+        for j, r in zip(batch, _read_batch(model, [src[j] for j in batch], [tgt[j] for j in batch], unk_id)):
+            out[j] = r
     return out
 
 
@@ -92,31 +104,22 @@ def read_back(model: Transformer, src: list[list[int]], tgt: list[list[int]], un
 def _read_batch(
     model: Transformer, src_ids: list[list[int]], tgt_ids: list[list[int]], unk_id: int
 ) -> list[TokenScores]:
-    cfg = model.cfg
     device = next(model.parameters()).device
-    src = torch.full((len(src_ids), max(map(len, src_ids))), cfg.pad_id, dtype=torch.long)  # (B, S)
-    tgt = torch.full((len(tgt_ids), 1 + max(map(len, tgt_ids))), cfg.pad_id, dtype=torch.long)  # (B, T + 1)
-    tgt_in = tgt.clone()
-    for row, (s, t) in enumerate(zip(src_ids, tgt_ids)):
-        src[row, : len(s)] = torch.tensor(s)
-        tgt_in[row, : len(t) + 1] = torch.tensor([cfg.bos_id, *t])  # position i predicts target token i
-        tgt[row, : len(t) + 1] = torch.tensor([*t, cfg.eos_id])
+    src, tgt_in, tgt = (x.to(device) for x in teacher_forced(src_ids, tgt_ids, model.cfg))
     restricted = getattr(model, "pruned", False)  # a prune_output copy scores its K kept ids only
-    logits = model(src.to(device), tgt_in.to(device), restricted=restricted)
+    logits = model(src, tgt_in, restricted=restricted)
     log_probs = logits.float().log_softmax(-1)  # (B, T + 1, V or K)
     entropies = entropy(log_probs).cpu().numpy()  # (B, T + 1)
-    positions = model.output_targets(tgt.to(device)) if restricted else tgt.to(device)
+    positions = model.output_targets(tgt) if restricted else tgt
     picked = log_probs.gather(-1, positions.unsqueeze(-1)).squeeze(-1)  # (B, T + 1)
     if restricted:  # an id the pruned output does not score maps to padding's position: not its probability
-        picked = picked.masked_fill(~model.output_mask[tgt.to(device)], float("-inf"))
+        picked = picked.masked_fill(~model.output_mask[tgt], float("-inf"))
     picked = picked.clamp(min=LOG_PROB_FLOOR).cpu().numpy()
     out = []
     for row, (s, t) in enumerate(zip(src_ids, tgt_ids)):
         n = len(t) + 1  # target tokens with EOS
-        unknown = sum(1 for x in s[:-1] if x == unk_id)
-        out.append(
-            TokenScores(picked[row, :n].astype(np.float64), entropies[row, :n].astype(np.float64), len(s) - 1, unknown)
-        )
+        lps, ents = picked[row, :n].astype(np.float64), entropies[row, :n].astype(np.float64)
+        out.append(TokenScores(lps, ents, len(s) - 1, unknown_pieces(s, unk_id)))
     return out
 
 

@@ -112,9 +112,7 @@ def restrict(model: Transformer, ids: list[int]) -> Transformer:
     """A view of `model` that scores only `ids` (its other parameters shared, not copied): decoding over it picks
     among them as over a pruned model (nanomt.decoding.steps.search_space)."""
     v = model.cfg.tgt_vocab_size
-    keep = torch.tensor(
-        ids, dtype=torch.long, device=model.output_ids.device if model.output_mask is not None else None
-    )
+    keep = torch.tensor(ids, dtype=torch.long, device=next(model.parameters()).device)
     if model.output_mask is not None and getattr(model, "pruned", False):
         keep = keep[model.output_mask[keep]]  # a restricted model never scores the ids it left out
         rows = model.output_index[keep]  # their rows in the pruned projection

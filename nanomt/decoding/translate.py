@@ -25,7 +25,7 @@ from nanomt.decoding.calibration import Calibration
 from nanomt.decoding.ensemble import Ensemble
 from nanomt.decoding.glossary import required_terms
 from nanomt.decoding.pieces import cut_sentence, join_pieces, replace_unknowns
-from nanomt.decoding.quality import DOUBTFUL, TokenScores, read_back, word_probabilities
+from nanomt.decoding.quality import DOUBTFUL, TokenScores, read_back, teacher_forced, word_probabilities
 from nanomt.decoding.quantize import quantize_int8
 from nanomt.decoding.search import search
 from nanomt.decoding.shortlist import Shortlist, ShortlistError, restrict
@@ -448,12 +448,7 @@ class Translator:
     def _weights(self, src_ids: list[list[int]], tgt_ids: list[list[int]]) -> dict:
         """Every attention's weights of the model reading each (source, translation) pair, teacher-forced: per kind
         ("encoder", "decoder", "cross") a list over layers of (B, H, T or S, S) tensors, rows and columns padded."""
-        pad = self.cfg.model.pad_id
-        src = torch.full((len(src_ids), max(map(len, src_ids))), pad, dtype=torch.long)
-        tgt_in = torch.full((len(tgt_ids), 1 + max(map(len, tgt_ids))), pad, dtype=torch.long)
-        for row, (s, t) in enumerate(zip(src_ids, tgt_ids)):
-            src[row, : len(s)] = torch.tensor(s)
-            tgt_in[row, : len(t) + 1] = torch.tensor([self.cfg.model.bos_id] + t)  # row i predicts target token i
+        src, tgt_in, _ = teacher_forced(src_ids, tgt_ids, self.cfg.model)
         _, weights = self.model(src.to(self.device), tgt_in.to(self.device), need_weights=True)
         return weights
 

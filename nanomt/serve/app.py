@@ -18,7 +18,7 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from nanomt.core.checkpoint import checkpoint_weights
+from nanomt.core.checkpoint import checkpoint_weights, file_sha256
 from nanomt.core.decoding import Decoding
 from nanomt.decoding import calibration
 from nanomt.decoding.translate import Translator
@@ -152,15 +152,13 @@ class Server:
         return self._hashes[model.name]
 
     def _weights_hash(self, model: Model) -> str:
-        h = hashlib.sha256(b"int8" if self.config.int8 else b"float")
+        kind = b"int8" if self.config.int8 else b"float"
         if model.path is not None:
-            with open(checkpoint_weights(model.path), "rb") as f:
-                while block := f.read(1 << 20):
-                    h.update(block)
-        else:
-            for name, tensor in model.translator.model.state_dict().items():
-                h.update(name.encode())
-                h.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+            return file_sha256(checkpoint_weights(model.path), kind)[:32]
+        h = hashlib.sha256(kind)
+        for name, tensor in model.translator.model.state_dict().items():
+            h.update(name.encode())
+            h.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
         return h.hexdigest()[:32]
 
     async def _decode(self, model: Model, key: tuple, items: list) -> list:

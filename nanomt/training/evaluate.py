@@ -7,6 +7,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from nanomt.core.checkpoint import file_sha256
 from nanomt.core.decoding import Decoding
 from nanomt.decoding import calibration as calib
 from nanomt.decoding.calibration import Calibration, agreement, sentence_chrf
@@ -109,7 +110,7 @@ def calibrate(
         "beam_size": decoding.beam_size,
         "raw_score": {"pearson": raw["pearson"], "spearman": raw["spearman"]},
     }
-    fitted = dataclasses.replace(fitted, weights_sha256=calib.file_sha256(weights), fit=described)
+    fitted = dataclasses.replace(fitted, weights_sha256=file_sha256(weights), fit=described)
     fitted.save(Path(weights).parent)
     translator.calibration = fitted
     return fitted
