@@ -242,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--confidence",
         action="store_true",
         help="also how well each sentence's confidence (and raw score) follows its sentence chrF: Pearson, Spearman, "
-        "mean absolute error (the read-back pass is then part of the time)",
+        "mean absolute error (the confidence's work is then part of the time)",
     )
     s.add_argument("--json", action="store_true", help="print one JSON object")
     s.add_argument("--device", default="cpu", help=DEVICE_HELP)

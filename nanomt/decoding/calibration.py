@@ -9,6 +9,7 @@ features, was chosen by measurement against a line on the mean log-probability (
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -93,7 +94,7 @@ def fit(rows: Sequence[dict[str, float]], targets: Sequence[float], kind: str = 
     else:
         raise CalibrationError(f"unknown calibration kind {kind!r} (known: {', '.join(KINDS)})")
     cal = Calibration(kind, tuple(features), tuple(mean), tuple(scale), tuple(map(float, weights)), float(bias))
-    return Calibration(**{**asdict(cal), "features": cal.features, "fit": agreement(cal.predict(rows), y)})
+    return dataclasses.replace(cal, fit=agreement(cal.predict(rows), y))
 
 
 def fit_logistic(z: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:

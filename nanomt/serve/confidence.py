@@ -11,15 +11,12 @@ from nanomt.decoding.translate import Confident
 from nanomt.documents.translation import text_confidence
 from nanomt.serve.schemas import SentenceConfidence, WordProbability
 
-# A sentence answered from the translation memory is a person's correction: trusted, as the model's words are not.
-CORRECTION = Confident(translation="", score=0.0, confidence=1.0, raw=0.0)
-
 Sentences = Sequence[tuple[str, Confident]]  # a text's (source sentence, its Confident), in order
 
 
 def from_memory(translation: str) -> Confident:
-    """A correction from the translation memory as a Confident."""
-    return Confident(translation, CORRECTION.score, CORRECTION.confidence, CORRECTION.raw)
+    """A correction from the translation memory as a Confident: a person's translation, trusted (confidence 1)."""
+    return Confident(translation, score=0.0, confidence=1.0, raw=0.0)
 
 
 def sentence(source: str, c: Confident, threshold: float | None) -> SentenceConfidence:

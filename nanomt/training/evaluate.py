@@ -29,34 +29,29 @@ def evaluate(
 ) -> dict:
     """Translate `src_path` with `decoding` (default: the checkpoint's) and `settings` changed (e.g. beam_size=4),
     score against `ref_path`; returns a JSON-ready report. With `confidence`, also how well the confidence (and the
-    raw score) follow each sentence's chrF; its read-back pass is then part of the time."""
+    raw score) follow each sentence's chrF, and no tokens/s: the confidence's work is then part of the time."""
     srcs, refs = read_pairs(src_path, ref_path)
     decoding = (decoding or translator.default_decoding).replace(**settings)
     start = time.perf_counter()
     if confidence:
         confident = translator.translate_confident(srcs, decoding, max_tokens=max_tokens)
-        hyps = None
     else:
         hyps = translator.translate_hypotheses(srcs, decoding, max_tokens=max_tokens, progress=progress)
     seconds = time.perf_counter() - start
-    if hyps is None:
-        texts = [c.translation for c in confident]
-        n_tokens = sum(len(c.words) for c in confident)  # words: an ensemble or empty lines have none
-    else:
-        texts = translator.tokenizer.decode_tgt([h[0].tokens for h in hyps])
-        n_tokens = sum(len(h[0].tokens) + 1 for h in hyps)  # + EOS: every generated token counts
+    texts = (
+        [c.translation for c in confident]
+        if confidence
+        else translator.tokenizer.decode_tgt([h[0].tokens for h in hyps])
+    )
     if save_hyp:
         Path(save_hyp).write_text("".join(t + "\n" for t in texts), encoding="utf-8")
     report = asdict(score(texts, refs))
-    report.update(
-        seconds=round(seconds, 3),
-        sentences_per_s=round(len(srcs) / max(seconds, 1e-9), 2),
-        tokens_per_s=round(n_tokens / max(seconds, 1e-9), 1),
-        beam_size=decoding.beam_size,
-    )
+    report.update(seconds=round(seconds, 3), sentences_per_s=round(len(srcs) / max(seconds, 1e-9), 2))
     if confidence:
-        report.update(confidence_report(confident, texts, refs))
-        del report["tokens_per_s"]  # the read-back pass is in the time: no decoding speed to report
+        report.update(beam_size=decoding.beam_size, **confidence_report(confident, texts, refs))
+    else:
+        n_tokens = sum(len(h[0].tokens) + 1 for h in hyps)  # + EOS: every generated token counts
+        report.update(tokens_per_s=round(n_tokens / max(seconds, 1e-9), 1), beam_size=decoding.beam_size)
     return report
 
 
