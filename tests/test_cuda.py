@@ -9,7 +9,7 @@ import signal
 
 import pytest
 import torch
-from conftest import decoding, random_src, random_transformer, tiny_config, tokens
+from conftest import KEPT, decoding, random_src, random_transformer, tied_pair, tiny_config, tokens
 
 from nanomt.core.checkpoint import WEIGHTS, load_trainer_state, read_weights, step_dirs
 from nanomt.core.config import config_from_dict
@@ -112,6 +112,16 @@ def test_decoding_on_cuda_gives_the_cpus_tokens_in_float32(no_tf32):
     assert [[h.tokens for h in s] for s in gpu[1]] == [[h.tokens for h in s] for s in cpu[1]]
     for sentence_gpu, sentence_cpu in zip(gpu[1], cpu[1]):
         assert [h.score for h in sentence_gpu] == pytest.approx([h.score for h in sentence_cpu], abs=1e-4)
+
+
+def test_a_restricted_output_vocabulary_is_set_on_cuda_as_on_the_cpu():
+    """set_output_vocab on a model already on the GPU (what training a restricted model does): the CPU's positions."""
+    restricted, _ = tied_pair()
+    restricted.set_output_vocab(KEPT)
+    on_gpu, _ = tied_pair()
+    on_gpu.to("cuda").set_output_vocab(KEPT.to("cuda"))
+    assert torch.equal(on_gpu.output_index.cpu(), restricted.output_index)
+    assert torch.equal(on_gpu.output_ids.cpu(), restricted.output_ids)
 
 
 def test_train_compile_on_cuda_follows_the_eager_run(corpus, tmp_path):

@@ -742,5 +742,6 @@ def _derive_output_vocab(model: Transformer, _incompatible_keys=None) -> None:
     index = torch.zeros_like(model.output_index)
     index[ids] = torch.arange(len(ids), device=ids.device)
     unscored = ~model.output_mask
-    index[unscored] = index[model.cfg.pad_id]  # unscored ids -> padding's position, which the loss skips
+    # Unscored ids -> padding's position, which the loss skips (a copy: CUDA refuses a write from a view of itself).
+    index[unscored] = index[model.cfg.pad_id].clone()
     model.output_ids, model.output_index = ids, index
