@@ -2,7 +2,7 @@
 
 One command on a GPU machine, from the repository root (scripts/gpu_check.sh runs it):
 
-    python -m benchmarks.gpu_step --device cuda --out benchmarks/results/gpu_step.json
+    python -m benchmarks.gpu_step --device cuda --out benchmarks/results/gpu_check/gpu_step.json
 
 The batches are what training makes: sentence lengths drawn from WMT news (benchmarks/data/newstest2009_lengths.tsv,
 words a sentence of newstest2009 de/en, scaled so that targets average WMT's ~27 pieces), token-budget batches of
