@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 import torch
-from conftest import NANOMT, TIED_VOCAB, decoding, max_len_fn, random_src, tied_pair, tiny_config, tokens
+from conftest import KEPT, NANOMT, TIED_VOCAB, decoding, max_len_fn, random_src, tied_pair, tiny_config, tokens
 
 from nanomt.core.checkpoint import load_checkpoint, model_state, write_checkpoint_dir
 from nanomt.core.config import Config, DataConfig, DecodeConfig, ModelConfig, config_from_dict
@@ -283,3 +283,42 @@ def test_translator_decodes_restricted_models_through_the_pruned_projection(toy_
     kept = restricted.output_ids
     assert (out[..., kept] - want[..., kept]).norm() / want[..., kept].norm() < 0.06  # int8's error, as elsewhere
     assert ensemble.members[0].output.out_features < TIED_VOCAB and ensemble.members[1] is full
+
+
+def test_a_model_built_to_be_loaded_draws_no_random_numbers_and_loads_to_the_same_model():
+    """Transformer(cfg, init=False), as the checkpoint loader builds it: no weight drawn, the loaded model exact."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(TIED_VOCAB, TIED_VOCAB, d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=64)
+    trained = Transformer(cfg).eval()
+    rng = torch.get_rng_state()
+    loaded = Transformer(cfg, init=False)
+    assert torch.equal(torch.get_rng_state(), rng)  # nn.Linear's and nn.Embedding's own initialization skipped
+    loaded.load_state_dict(trained.state_dict())
+    src, tgt = random_src([5, 3], seed=1, vocab=TIED_VOCAB), random_src([4, 2], seed=2, vocab=TIED_VOCAB)
+    with torch.no_grad():
+        assert torch.equal(loaded.eval()(src, tgt), trained(src, tgt))
+
+
+@pytest.mark.parametrize("int8", [False, True])
+@pytest.mark.parametrize("kind", ["restricted", "unrestricted", "ensemble"])
+def test_a_translator_leaves_the_callers_model_as_it_was(kind, int8):
+    """Pruning and int8 copy a model the caller still holds (a training run's); only a model the Translator loaded
+    itself (copy_model=False) is changed in place, with no second copy of its weights."""
+
+    def made(kind: str):
+        restricted, full = tied_pair()
+        restricted.set_output_vocab(KEPT)
+        return {"restricted": restricted, "unrestricted": full, "ensemble": Ensemble([full, tied_pair(1)[1]])}[kind]
+
+    def layers(model) -> list:
+        return [(type(m), getattr(m, "out_features", None)) for m in model.modules()]
+
+    model = made(kind)
+    before, shape = {k: v.clone() for k, v in model.state_dict().items()}, layers(model)
+    Translator(model, None, Config(model=model.cfg, data=DataConfig()), int8=int8)
+    assert layers(model) == shape and before.keys() == model.state_dict().keys()
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+    own = made(kind)
+    Translator(own, None, Config(model=own.cfg, data=DataConfig()), int8=int8, copy_model=False)
+    assert (layers(own) != shape) == (int8 or kind == "restricted")

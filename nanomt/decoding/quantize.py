@@ -94,15 +94,16 @@ class Int8Linear(nn.Module):
         return f"{shape}, bias={self.bias is not None}, int_mm_rows={self.int_mm_rows}"
 
 
-def quantize_int8(model: nn.Module) -> nn.Module:
-    """A copy of `model` for CPU inference with every nn.Linear an Int8Linear (the output projection too)."""
+def quantize_int8(model: nn.Module, copy_model: bool = True) -> nn.Module:
+    """A copy of `model` for CPU inference with every nn.Linear an Int8Linear (the output projection too); with
+    `copy_model` False, `model` itself (a model loaded for decoding alone: no second copy of its weights)."""
     if any(p.device.type != "cpu" for p in model.parameters()):
         raise ValueError("int8 inference runs on the CPU only: load the model with device='cpu'")
     if type(model) is nn.Linear:
         return Int8Linear.from_float(model)
     # Embeddings, LayerNorms and attention stay float32; the matrices (~90% of the decoder's FLOPs per step)
     # become int8.
-    quantized = copy.deepcopy(model).eval()
+    quantized = (copy.deepcopy(model) if copy_model else model).eval()
     linears = [(name, m) for name, m in quantized.named_modules() if type(m) is nn.Linear]
     for name, linear in linears:
         parent, _, attr = name.rpartition(".")

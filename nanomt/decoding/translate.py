@@ -188,14 +188,18 @@ class Translator:
         device: str | torch.device = "cpu",
         int8: bool = False,
         calibration: Calibration | None = None,
+        copy_model: bool = True,
     ):
+        """`copy_model` False: `model` is this Translator's alone (it loaded it), pruned and quantized in place."""
         model = model.to(device).eval()
-        # Restricted models decode through a copy that projects onto the kept ids only (model.prune_output).
-        self.model = (
-            Ensemble([prune_output(m) for m in model.members]) if isinstance(model, Ensemble) else prune_output(model)
-        )
+        # Restricted models decode through a model that projects onto the kept ids only (model.prune_output).
+        members = model.members if isinstance(model, Ensemble) else [model]
+        pruned = [prune_output(m, copy_model) for m in members]
+        self.model = Ensemble(pruned) if isinstance(model, Ensemble) else pruned[0]
         if int8:  # int8 linear layers: faster CPU decoding (README, Speed; benchmarks/results/speed.md)
-            self.model = quantize_int8(self.model)
+            # A copy where a member is still the caller's (not pruned: nothing was copied yet).
+            shared = copy_model and any(p is m for p, m in zip(pruned, members))
+            self.model = quantize_int8(self.model, copy_model=shared)
         self.int8 = int8
         if calibration is not None:
             self.calibration = calibration
@@ -213,7 +217,7 @@ class Translator:
         unless `calibrated` is False (what `nanomt calibrate` replaces is not read)."""
         model, cfg, tokenizer = load_checkpoint(path, device)
         weights = checkpoint_weights(path, quiet=True)  # load_checkpoint has said which file it read
-        translator = cls(model, tokenizer, cfg, device, int8)
+        translator = cls(model, tokenizer, cfg, device, int8, copy_model=False)
         translator.directory = weights.parent
         if calibrated:  # read (and its weights' hash checked) when a confidence is first asked for, not at start-up
             translator._calibration_at = (weights.parent, weights)
@@ -235,7 +239,7 @@ class Translator:
                 raise CheckpointError(f"{path}: its tokenizer differs from {paths[0]}'s (an ensemble shares one)")
         ensemble = Ensemble([model for model, _, _ in loaded])
         # Its positions are its shortest member's: longer sentences are decoded in pieces that fit every member.
-        return cls(ensemble, tokenizer, dataclasses.replace(cfg, model=ensemble.cfg), device, int8)
+        return cls(ensemble, tokenizer, dataclasses.replace(cfg, model=ensemble.cfg), device, int8, copy_model=False)
 
     def count_tokens(self, texts: list[str]) -> list[int]:
         """The source tokens of each text, EOS not counted (what the length limit, src_limit, applies to)."""
