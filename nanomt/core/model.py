@@ -384,6 +384,17 @@ class EncoderLayer(nn.Module):
         return x, weights
 
 
+def select_filled(buffer: Tensor, index: Tensor, filled: int) -> Tensor:
+    """Rows `index` of a (B, H, capacity, K) key or value buffer, its first `filled` positions copied into a new
+    buffer with room for one more: a beam search reorders its cache every step, and copying the whole capacity
+    (up to twice the filled positions, as it doubles) then growing it again took twice the time."""
+    if buffer.requires_grad:  # out= records no gradient: a cache built with autograd on is copied whole
+        return buffer.index_select(0, index)
+    out = buffer.new_empty(index.numel(), buffer.size(1), filled + 1, buffer.size(3))  # (B', H, filled + 1, K)
+    torch.index_select(buffer[:, :, :filled], 0, index, out=out[:, :, :filled])
+    return out
+
+
 @dataclass(frozen=True)
 class LayerCache:
     """One decoder layer's keys/values: self-attention fills a step per call, cross-attention is fixed."""
@@ -411,7 +422,7 @@ class DecoderCache:
         sentence), else the rows when cross (beams == 1), else stay as they are (every row keeps its source)."""
         layers = []
         for c in self.layers:
-            self_kv = (c.self_k.index_select(0, index), c.self_v.index_select(0, index))
+            self_kv = (select_filled(c.self_k, index, self.length), select_filled(c.self_v, index, self.length))
             pick = sentences if sentences is not None else index if cross else None
             cross_kv = (c.cross_k, c.cross_v) if pick is None else (c.cross_k[pick], c.cross_v[pick])
             layers.append(LayerCache(*self_kv, *cross_kv))
