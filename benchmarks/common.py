@@ -16,6 +16,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import time
 from importlib import metadata
 from pathlib import Path
 
@@ -146,3 +147,19 @@ def write_step_timings(out: Path, config: Path, steps: int, warmup: int, runs: d
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(speedup), f"\nwrote {out}")
+
+
+def alternate_paths(translator, lines: list[str], reps: int, paths: dict) -> tuple[dict, dict]:
+    """Translate `lines` with each code path in turn for `reps` rounds (the order reversed every other round, so that
+    neither always runs first), after a warm-up; `paths` maps a name to the function that switches to it. Returns
+    each path's seconds a round and its last translations."""
+    seconds: dict[str, list[float]] = {name: [] for name in paths}
+    outputs: dict[str, list[str]] = {}
+    translator.translate(lines[:100])  # warm-up: oneDNN's kernels, the allocator
+    for r in range(reps):
+        for name in list(paths) if r % 2 == 0 else list(paths)[::-1]:
+            paths[name]()
+            start = time.perf_counter()
+            outputs[name] = translator.translate(lines)
+            seconds[name].append(round(time.perf_counter() - start, 3))
+    return seconds, outputs

@@ -186,6 +186,9 @@ def use_varlen(q: Tensor, mask: SegmentMask, dropout_p: float, need_weights: boo
     )
 
 
+FEW_QUERIES = 16  # up to this many queries and no gradients, CPU attention is two matmuls (see `attention`)
+
+
 def attention(
     q: Tensor,
     k: Tensor,
@@ -206,8 +209,11 @@ def attention(
         causal = causal_mask(q.size(-2), k.size(-2), device=q.device)
         mask, is_causal = (causal if mask is None else mask & causal), False
     # PyTorch's fused CPU kernel is ~7x slower than two matmuls in bf16 at sentence lengths (fwd+bwd, T=32;
-    # docs/performance.md), so bf16 on the CPU takes the explicit path; everywhere else the fused kernel.
-    fused = not need_weights and not (q.device.type == "cpu" and q.dtype == torch.bfloat16)
+    # docs/performance.md), and slower in float32 too for a few queries without gradients (a decoding step's one
+    # position, a sentence's beams on the query axis, a short sentence): there the CPU takes the explicit path.
+    cpu = q.device.type == "cpu"
+    few_queries = cpu and q.size(-2) <= FEW_QUERIES and not torch.is_grad_enabled()
+    fused = not need_weights and not (cpu and q.dtype == torch.bfloat16) and not few_queries
     if fused:
         # Same numbers, no (T, S) weight matrix kept for backward.
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
@@ -291,7 +297,8 @@ class CrossAttention(nn.Module):
     def memory_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """memory (B, S, D) -> keys, values (B, H, S, K)."""
         k, v = self.kv(memory).chunk(2, dim=-1)
-        return split_heads(k, self.n_heads), split_heads(v, self.n_heads)
+        # Contiguous: every decoding step reads them, and the explicit attention path's matmuls copy a strided view.
+        return split_heads(k, self.n_heads).contiguous(), split_heads(v, self.n_heads).contiguous()
 
     def forward(
         self, x: Tensor, kv: tuple[Tensor, Tensor], mask: Tensor, need_weights: bool = False, beams: int = 1
