@@ -212,7 +212,8 @@ def attention(
     # docs/performance.md), and slower in float32 too for a few queries without gradients (a decoding step's one
     # position, a sentence's beams on the query axis, a short sentence): there the CPU takes the explicit path.
     cpu = q.device.type == "cpu"
-    few_queries = cpu and q.size(-2) <= FEW_QUERIES and not torch.is_grad_enabled()
+    # Gradients first: under torch.compile a comparison of sizes is a guard, which recompiles a training step.
+    few_queries = cpu and not torch.is_grad_enabled() and q.size(-2) <= FEW_QUERIES
     fused = not need_weights and not (cpu and q.dtype == torch.bfloat16) and not few_queries
     if fused:
         # Same numbers, no (T, S) weight matrix kept for backward.
