@@ -45,7 +45,11 @@ def main(argv: list[str] | None = None) -> None:
     logging.getLogger("nanomt").setLevel(logging.DEBUG if args.verbose else logging.INFO)
     module, _, name = args.handler.partition(":")
     try:
-        getattr(importlib.import_module(f"nanomt.cli.{module}"), name)(args)
+        from nanomt.cli.models import no_collection_while_loading
+
+        with no_collection_while_loading():  # a command module that imports torch at once (demo)
+            command = getattr(importlib.import_module(f"nanomt.cli.{module}"), name)
+        command(args)
     except KeyboardInterrupt:
         sys.exit(130)
     except BrokenPipeError:  # `nanomt translate ... | head`

@@ -11,7 +11,8 @@ from nanomt.cli import models
 
 
 def evaluate(args: argparse.Namespace) -> None:
-    from nanomt.training.evaluate import evaluate as score
+    with models.no_collection_while_loading():  # torch is imported here, before the model loads
+        from nanomt.training.evaluate import evaluate as score
 
     translator, decoding = models.translator_and_decoding(args)
     report = score(

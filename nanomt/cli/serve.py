@@ -15,7 +15,8 @@ SERVE_MODULES = ("fastapi", "uvicorn", "prometheus_client")
 def serve(args: argparse.Namespace) -> None:
     require_extra("serve", "serve needs FastAPI, uvicorn and prometheus_client", SERVE_MODULES)
     config = settings_from_args(ServeConfig, args)  # its checks before anything is loaded
-    models.check_device(config.device)
-    from nanomt.serve.run import serve as run
+    with models.no_collection_while_loading():  # torch, the server's packages
+        models.check_device(config.device)
+        from nanomt.serve.run import serve as run
 
     run(config)

@@ -7,7 +7,10 @@ from pathlib import Path
 
 
 def train(args: argparse.Namespace) -> None:
-    from nanomt.training.train import train_from_file
+    from nanomt.cli.models import no_collection_while_loading
+
+    with no_collection_while_loading():  # torch and the training modules: their objects out of later passes
+        from nanomt.training.train import train_from_file
 
     overrides = [*(args.set or []), *([f"train.init_from={args.init_from}"] if args.init_from else [])]
     run_dir = train_from_file(args.config, args.run_dir, overrides)
