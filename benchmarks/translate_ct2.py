@@ -180,11 +180,22 @@ def bound(result: dict) -> dict:
             "start_up_gap_s": round(gap, 3),
             "decoding_speedup_needed_for_1x": round(n / max(c - gap, 1e-9), 3),
         }
-    out["why"] = (
-        "importing torch (import_torch in one_line_s) takes longer than CTranslate2's whole one-line run; nanomt's "
-        "one-line run is within 0.5 s of importing torch, so the rest must come from decoding faster than "
-        "CTranslate2 by decoding_speedup_needed_for_1x"
-    )
+    over_torch = {kind: one[f"nanomt_{kind}"] - one["import_torch"] for kind in ("fp32", "int8")}
+    lines = [
+        f"importing torch alone ({one['import_torch']:.2f} s, a whole process) takes longer than CTranslate2's whole "
+        f"one-line run ({one['ct2_fp32']:.2f} s float32)",
+        "nanomt's one-line run is "
+        + ", ".join(f"{d:+.2f} s ({kind})" for kind, d in over_torch.items())
+        + " from importing torch's",
+    ]
+    for kind in ("fp32", "int8"):
+        need = out[kind]["decoding_speedup_needed_for_1x"]
+        lines.append(
+            f"{kind}: its decoding makes up its start-up (1.0x needs {need:.2f}x CTranslate2's decoding speed)"
+            if need <= 1
+            else f"{kind}: 1.0x needs nanomt to decode {need:.2f}x as fast as CTranslate2 to make up its start-up"
+        )
+    out["why"] = "; ".join(lines)
     return out
 
 
