@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import NANOMT, RESULTS, ROOT, cpu_model, git, shown
+from nanomt.interop.ct2 import VMAP
 
 THREADS = 2
 
@@ -41,6 +42,7 @@ def ct2_main(argv: list[str]) -> None:
     p.add_argument("-o", "--output", type=Path, required=True)
     p.add_argument("--compute-type", default="float32")
     p.add_argument("--beam", type=int, default=5)
+    p.add_argument("--use-vmap", action="store_true", help="the export's vocabulary map (its vmap.txt)")
     args = p.parse_args(argv)
     from benchmarks.ct2_convert import best_by_nanomt_penalty, ct2  # nanomt/interop/ct2.py alone: no torch
 
@@ -54,6 +56,7 @@ def ct2_main(argv: list[str]) -> None:
     # CTranslate2 writes. One max_decoding_length a call: the longest budget, each output then cut at its own.
     alpha, kind = t.decode["length_penalty"], t.decode["length_penalty_kind"]
     options = t.search_options(args.beam, alpha)  # its max_batch_size: decode.max_tokens, batch_type tokens
+    options["use_vmap"] = args.use_vmap
     tokens = [[t.src_vocab[x] for x in s] for s in src]
     results = t.translator.translate_batch(tokens, max_decoding_length=max(budgets, default=1), **options)
     out: list[list[int]] = [[] for _ in lines]
@@ -75,10 +78,13 @@ def wall(cmd: list[str]) -> float:
     return seconds
 
 
-def commands(run: Path, ct2_dir: Path, src: Path, out: Path, beam: int) -> dict[str, list[str]]:
-    """The whole-process commands, each writing out/NAME.txt."""
+def commands(run: Path, ct2_dir: Path, src: Path, out: Path, beam: int, shortlist: bool) -> dict[str, list[str]]:
+    """The whole-process commands, each writing out/NAME.txt; with `shortlist`, nanomt's vocabulary shortlist and
+    CTranslate2's vocabulary map made from it."""
     me = [sys.executable, "-m", "benchmarks.translate_ct2", "--ct2", str(ct2_dir), "-i", str(src), "--beam", str(beam)]
     nanomt = [*NANOMT, "translate", str(run), "-i", str(src), "--beam", str(beam)]
+    if shortlist:
+        me, nanomt = [*me, "--use-vmap"], [*nanomt, "--shortlist"]
     return {
         "nanomt_fp32": [*nanomt, "-o", str(out / "nanomt_fp32.txt")],
         "ct2_fp32": [*me, "-o", str(out / "ct2_fp32.txt"), "--compute-type", "float32"],
@@ -115,6 +121,7 @@ def main() -> None:
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--shortlist", action="store_true", help="nanomt --shortlist against CTranslate2's vocabulary map")
     p.add_argument("--out", type=Path, default=RESULTS / "translate_ct2_process.json")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -125,8 +132,11 @@ def main() -> None:
         one.write_text(args.src.read_text(encoding="utf-8").splitlines()[0] + "\n", encoding="utf-8")
         (tmp / "whole").mkdir()
         (tmp / "start").mkdir()
-        whole = round_robin(commands(args.run, ct2_dir, args.src, tmp / "whole", args.beam), args.reps, args.warmup)
-        start_cmds = commands(args.run, ct2_dir, one, tmp / "start", args.beam)
+        if args.shortlist and not (ct2_dir / VMAP).is_file():
+            sys.exit(f"translate_ct2.py: error: {args.run} has no shortlist (nanomt shortlist builds it)")
+        cmds = commands(args.run, ct2_dir, args.src, tmp / "whole", args.beam, args.shortlist)
+        whole = round_robin(cmds, args.reps, args.warmup)
+        start_cmds = commands(args.run, ct2_dir, one, tmp / "start", args.beam, args.shortlist)
         start_cmds["import_torch"] = [sys.executable, "-c", "import torch"]
         start = round_robin(start_cmds, args.reps, args.warmup)
         diffs = {
@@ -143,6 +153,7 @@ def main() -> None:
         "src": shown(args.src),
         "sentences": len(args.src.read_text(encoding="utf-8").splitlines()),
         "beam_size": args.beam,
+        "shortlist": args.shortlist,
         "reps": args.reps,
         "whole_s": median,
         "whole_samples_s": whole,

@@ -1,8 +1,10 @@
 """The vocabulary shortlist: its table against a brute-force count, decoding over it against a search of the whole
 model with the other ids masked, nothing changed when it is off, and `nanomt shortlist` / `--shortlist` / the API."""
 
+import shutil
 import subprocess
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
@@ -121,3 +123,44 @@ def test_nanomt_shortlist_and_translate_shortlist(run_dir, toy_corpus, tmp_path)
     assert short.stdout.splitlines() == t.translate(lines, shortlist=True)
     with pytest.raises(sl.ShortlistError, match="another|not"):
         sl.Shortlist.load(run_dir, "another tokenizer")
+
+
+def test_export_ct2_writes_the_shortlist_as_ctranslate2_s_vocabulary_map(run_dir, toy_corpus, tmp_path):
+    """A line per source piece with its target pieces and one with an empty key for the frequent ones; CTranslate2
+    reads it (use_vmap) and then produces only pieces that the map allows for the batch."""
+    pytest.importorskip("ctranslate2")
+    from nanomt.interop.ct2 import VMAP, Ct2Translator, export_ct2, vocabularies
+
+    work = tmp_path / "run"
+    shutil.copytree(run_dir, work)
+    (work / sl.SHORTLIST).unlink(missing_ok=True)
+    assert not (export_ct2(work, tmp_path / "plain") / VMAP).exists()  # no shortlist, no map
+    tok = Translator.from_checkpoint(work).tokenizer
+    srcs, tgts = (toy_corpus[name].read_text(encoding="utf-8").splitlines() for name in ("train.src", "train.tgt"))
+    table = sl.build(tok.encode_src(srcs), tok.encode_tgt(tgts), tok.tgt_vocab_size, tok.fingerprint(), 1, 1)
+    table.save(work)
+    out = export_ct2(work, tmp_path / "ct2")
+    src_vocab, tgt_vocab = vocabularies(work / "tokenizer")
+    want = {"": sorted(tgt_vocab[t] for t in table.frequent)}
+    want |= {src_vocab[s]: sorted(tgt_vocab[t] for t in ts) for s, ts in table.table.items()}
+    got = {}
+    for line in (out / VMAP).read_text(encoding="utf-8").splitlines():
+        key, _, values = line.partition("\t")
+        got[key] = sorted(values.split())
+    assert got == want
+
+    # A narrow map (no source rules, three pieces the plain translations do not use): CTranslate2 keeps to it.
+    lines = toy_corpus["test.src"].read_text(encoding="utf-8").splitlines()[:8]
+
+    def produced(model_dir: Path, use_vmap: bool) -> set[str]:
+        t = Ct2Translator(model_dir, intra_threads=1)
+        tokens = [[t.src_vocab[x] for x in ids] for ids in t.encode(lines)]
+        results = t.translator.translate_batch(tokens, beam_size=2, max_decoding_length=10, use_vmap=use_vmap)
+        return {p for r in results for p in r.hypotheses[0]}
+
+    plain = produced(out, use_vmap=False)
+    unused = [i for i in range(4, tok.tgt_vocab_size) if tgt_vocab[i] not in plain][:3]
+    sl.Shortlist({}, tuple(unused), tok.fingerprint()).save(work)
+    narrow = export_ct2(work, tmp_path / "narrow")
+    allowed = {tgt_vocab[i] for i in unused}
+    assert plain - allowed and produced(narrow, use_vmap=True) <= allowed

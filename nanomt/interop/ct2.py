@@ -234,6 +234,9 @@ def read_model_config(config_path: Path) -> tuple[dict, dict]:
     return {**MODEL_DEFAULTS, **cfg["model"]}, {"max_tokens": MAX_TOKENS, **(cfg.get("decode") or {})}
 
 
+VMAP = "vmap.txt"  # the vocabulary map's name in a CTranslate2 model directory
+
+
 def export_ct2(run: str | Path, out: str | Path, quantization: str | None = None) -> Path:
     """Write a CTranslate2 model directory (plus tokenizer/ and nanomt.yaml) for a nanomt checkpoint."""
     # quantization: CTranslate2's (int8, int8_float16, float16, ...) for the stored weights; None keeps
@@ -257,7 +260,25 @@ def export_ct2(run: str | Path, out: str | Path, quantization: str | None = None
     spec.save(str(out))
     shutil.copytree(tokenizer_dir, out / TOKENIZER, dirs_exist_ok=True)
     shutil.copyfile(config_path, out / EXPORTED_CONFIG)
+    write_vmap(weights_path.parent, tokenizer_dir, out, src_vocab, tgt_vocab)
     return out
+
+
+def write_vmap(run: Path, tokenizer_dir: Path, out: Path, src_vocab: list[str], tgt_vocab: list[str]) -> Path | None:
+    """The checkpoint's vocabulary shortlist (`nanomt shortlist`), if it has one, as CTranslate2's vocabulary map:
+    a line per source piece, `piece<TAB>target pieces`, and one with an empty key for the pieces every batch allows.
+    CTranslate2 reads it from the model directory when asked to (translate_batch(use_vmap=True))."""
+    from nanomt.core.tokenizer import Tokenizer
+    from nanomt.decoding.shortlist import SHORTLIST, Shortlist  # torch, at export time only
+
+    if not (run / SHORTLIST).is_file():
+        return None
+    shortlist = Shortlist.load(run, Tokenizer.load(tokenizer_dir).fingerprint())
+    lines = [f"\t{' '.join(tgt_vocab[t] for t in shortlist.frequent)}"]
+    lines += [f"{src_vocab[s]}\t{' '.join(tgt_vocab[t] for t in ts)}" for s, ts in sorted(shortlist.table.items())]
+    path = out / VMAP
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
 
 
 # ---------------------------------------------------------------------------------------------------------
