@@ -125,6 +125,7 @@ def test_nanomt_shortlist_and_translate_shortlist(run_dir, toy_corpus, tmp_path)
         sl.Shortlist.load(run_dir, "another tokenizer")
 
 
+@pytest.mark.slow  # a trained toy run and three exports
 def test_export_ct2_writes_the_shortlist_as_ctranslate2_s_vocabulary_map(run_dir, toy_corpus, tmp_path):
     """A line per source piece with its target pieces and one with an empty key for the frequent ones; CTranslate2
     reads it (use_vmap) and then produces only pieces that the map allows for the batch."""
