@@ -298,8 +298,7 @@ class CrossAttention(nn.Module):
     def memory_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """memory (B, S, D) -> keys, values (B, H, S, K)."""
         k, v = self.kv(memory).chunk(2, dim=-1)
-        # Contiguous: every decoding step reads them, and the explicit attention path's matmuls copy a strided view.
-        return split_heads(k, self.n_heads).contiguous(), split_heads(v, self.n_heads).contiguous()
+        return split_heads(k, self.n_heads), split_heads(v, self.n_heads)
 
     def forward(
         self, x: Tensor, kv: tuple[Tensor, Tensor], mask: Tensor, need_weights: bool = False, beams: int = 1
@@ -686,7 +685,9 @@ class Transformer(nn.Module):
                 # and uninitialized memory may hold NaNs that make equality checks fail.
                 enc.memory.new_zeros(b, h, capacity, d // h),  # (B, H, capacity, K)
                 enc.memory.new_zeros(b, h, capacity, d // h),
-                *layer.cross_attn.memory_kv(enc.memory),
+                # Contiguous: every decoding step reads them, and the explicit attention path's matmuls would copy
+                # a strided view each time (a teacher-forced forward reads them once, as they are).
+                *(kv.contiguous() for kv in layer.cross_attn.memory_kv(enc.memory)),
             )
             for layer in self.decoder
         )
