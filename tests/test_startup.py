@@ -204,7 +204,7 @@ def test_loading_a_translator_keeps_the_collector_off_and_freezes_what_it_made()
     on afterwards, an error included, and what loading made is out of its passes."""
     import gc
 
-    from nanomt.cli.models import no_collection_while_loading
+    from nanomt.cli import no_collection_while_loading
 
     try:
         with pytest.raises(ValueError), no_collection_while_loading():

@@ -7,11 +7,11 @@ import json
 import sys
 from pathlib import Path
 
-from nanomt.cli import models
+from nanomt.cli import models, no_collection_while_loading
 
 
 def evaluate(args: argparse.Namespace) -> None:
-    with models.no_collection_while_loading():  # torch is imported here, before the model loads
+    with no_collection_while_loading():  # torch is imported here, before the model loads
         from nanomt.training.evaluate import evaluate as score
 
     translator, decoding = models.translator_and_decoding(args)

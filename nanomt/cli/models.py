@@ -8,10 +8,9 @@ loaded, then passed whole to the Translator.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import gc
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
+
+from nanomt.cli import no_collection_while_loading
 
 if TYPE_CHECKING:
     from nanomt.core.decoding import Decoding
@@ -62,19 +61,6 @@ def decoding_flags(args: argparse.Namespace) -> dict:
         "glossary": read_glossary(args.glossary) if args.glossary else None,
         "shortlist": args.shortlist,
     }
-
-
-@contextlib.contextmanager
-def no_collection_while_loading() -> Iterator[None]:
-    """Python's cyclic garbage collector off while torch, nanomt and the model load, and the objects they made
-    (~10^5, kept until the process ends) frozen out of its later passes: it would otherwise scan them again and
-    again, as they are made and after (0.19 s of a one-line `nanomt translate`, 1.0 s of a 5-step toy training)."""
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.freeze()
-        gc.enable()
 
 
 def load_translator(args: argparse.Namespace) -> Translator:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from nanomt.cli import no_collection_while_loading
+
 
 def train(args: argparse.Namespace) -> None:
-    from nanomt.cli.models import no_collection_while_loading
-
     with no_collection_while_loading():  # torch and the training modules: their objects out of later passes
         from nanomt.training.train import train_from_file
 
