@@ -3,7 +3,6 @@ a lost rank ends the others with a clear error, rank 0 binarizes once; a step wi
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -12,6 +11,7 @@ import pytest
 import torch
 import yaml
 from conftest import NANOMT, tiny_config
+from servers import free_port
 
 from nanomt.core import runtime
 from nanomt.core.checkpoint import WEIGHTS, TrainState, read_weights, step_dirs
@@ -20,12 +20,6 @@ from nanomt.core.model import Transformer
 from nanomt.training.train import label_smoothed_loss, train
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def write_config(directory, cfg: dict):

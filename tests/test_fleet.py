@@ -7,7 +7,7 @@ import time
 
 import pytest
 from conftest import NANOMT, tiny_config
-from test_store import free_port, start_redis
+from servers import free_port, start_redis
 
 from nanomt.core.config import config_from_dict
 from nanomt.serve.keys import key_line

@@ -9,7 +9,6 @@ Set NANOMT_SCREENSHOTS=DIR (e.g. docs/images) to keep the screenshots the run ta
 import contextlib
 import os
 import shutil
-import socket
 import threading
 import time
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import tiny_config
+from servers import free_port, missing
 
 from nanomt.core.config import config_from_dict
 from nanomt.decoding import calibration as calib
@@ -90,12 +90,6 @@ def models(run) -> ModelSet:
     return ModelSet.read([ModelSpec.parse(f"{pair}={run}") for pair in PAIRS], "en", None, "cpu", False)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def base(run, plain_run, tmp_path_factory):
     """A server in a thread: the app at / and again under /mt (as behind a proxy with a prefix), at /limited an app
@@ -135,7 +129,7 @@ def base(run, plain_run, tmp_path_factory):
 def browser(tmp_path_factory):
     """Headless Debian Chromium through Selenium and chromedriver (no browser download), downloads allowed."""
     if not (CHROMIUM.is_file() and CHROMEDRIVER.is_file()):
-        pytest.skip("the page tests need Debian's chromium and chromium-driver (apt-get install chromium-driver)")
+        missing("the page tests need Debian's chromium and chromium-driver (apt-get install chromium-driver)")
     pytest.importorskip("selenium", reason="the page tests need selenium: pip install selenium")
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service

@@ -3,19 +3,16 @@
 import hmac
 import html
 import json
-import os
 import signal
-import socket
-import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from conftest import NANOMT, tiny_config
+from conftest import tiny_config
+from servers import start_server_retrying, stop
 
 from nanomt.core.config import config_from_dict
 from nanomt.core.decoding import Sampling
@@ -587,63 +584,6 @@ def test_metrics_parse_as_prometheus_text(translator, sentences):
     assert samples["nanomt_sentences"][("nanomt_sentences_total", ())] == 6
     assert samples["nanomt_source_tokens"][("nanomt_source_tokens_total", ())] >= 12
     assert samples["nanomt_throughput"][("nanomt_throughput", (("unit", "sentences"),))] == pytest.approx(6 / 60)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def stop(proc: subprocess.Popen) -> None:
-    """Terminate a process; kill it if it lingers."""
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=20)
-
-
-def start_server(
-    run_dir: Path, log_path: Path, args: tuple[str, ...] = (), env: dict | None = None
-) -> tuple[subprocess.Popen, str] | None:
-    """`nanomt serve` on a free port once it answers /health, or None if another process took the port first."""
-    port = free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            [*NANOMT, "serve", str(run_dir), "--host", "127.0.0.1", "--port", str(port), *args],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        if proc.poll() is not None:
-            if "address already in use" in log_path.read_text().lower():
-                return None
-            pytest.fail(f"server exited: {log_path.read_text()}")
-        if time.monotonic() > deadline:
-            stop(proc)
-            pytest.fail(f"server not up in 120 s: {log_path.read_text()}")
-        try:
-            if httpx.get(url + "/health", timeout=5).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-
-
-def start_server_retrying(run_dir: Path, log_dir: Path, args=(), env=None) -> tuple[subprocess.Popen, str, Path]:
-    """start_server, on another port when one was taken between choosing and binding it; the process, URL, log."""
-    for attempt in range(5):
-        log = log_dir / f"server-{attempt}.log"
-        started = start_server(run_dir, log, args, env)
-        if started:
-            return (*started, log)
-    pytest.fail("every free port was taken before the server could bind it")
 
 
 @pytest.fixture(scope="module")

@@ -1,13 +1,11 @@
 """The server's store (memory, SQLite, a real Redis started here): one interface, and what the server keeps in it."""
 
 import logging
-import shutil
-import socket
-import subprocess
 import time
 
 import pytest
 from conftest import tiny_config
+from servers import free_port, start_redis
 
 from nanomt.core.config import config_from_dict
 from nanomt.decoding.translate import Translator
@@ -19,56 +17,6 @@ pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from nanomt.serve import create_app  # noqa: E402
-
-REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class RedisServer:
-    """A real redis-server on a free port, in memory only; stopped and started again by the fault tests."""
-
-    def __init__(self):
-        self.port, self.proc = free_port(), None
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> "RedisServer":
-        args = [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        import redis
-
-        client = redis.Redis(port=self.port)
-        for _ in range(200):
-            try:
-                client.ping()
-                return self
-            except redis.ConnectionError:
-                time.sleep(0.02)
-        self.stop()
-        raise RuntimeError(f"redis-server did not answer on port {self.port}")
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait(10)
-            self.proc = None
-
-    def flush(self) -> None:
-        import redis
-
-        redis.Redis(port=self.port).flushall()
-
-
-def start_redis() -> RedisServer:
-    """A running redis-server, or the test skipped with one line saying why."""
-    pytest.importorskip("redis", reason="the redis client library is not installed (pip install redis)")
-    if not shutil.which(REDIS_SERVER):
-        pytest.skip("no redis-server binary (Debian: apt-get install redis-server)")
-    return RedisServer().start()
 
 
 @pytest.fixture(scope="module")
