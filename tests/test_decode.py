@@ -10,14 +10,14 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from conftest import decoding, max_len_fn, random_src, random_transformer, tokens
+from conftest import KEPT, TIED_VOCAB, decoding, max_len_fn, random_src, random_transformer, tied_pair, tokens
 
 from nanomt.core.config import ModelConfig
 from nanomt.core.model import DecoderOutput, Encoded, Transformer, padding_mask
 from nanomt.decoding.beam import beam_search
 from nanomt.decoding.greedy import greedy
 from nanomt.decoding.sample import sample
-from nanomt.decoding.steps import Hypothesis
+from nanomt.decoding.steps import Hypothesis, Targets
 
 PAD, UNK, BOS, EOS, A, B, C = range(7)
 V = 24
@@ -196,6 +196,39 @@ def test_sampling_leaves_global_rng_alone(model):
     tokens(sample(model, src, decoding(10, seed=1)))
     tokens(sample(model, src, decoding(10, seed=None)))
     assert torch.equal(torch.get_rng_state(), state)
+
+
+# Settings too small or too large for float32: top_p 1e-300 once compared as 0 and dropped every token, a temperature
+# of 1e-300 divided by 0, one of 1e300 made the -inf of masked ids nan; multinomial raised on the nan.
+VANISHING = [{"top_p": 1e-300}, {"top_p": 5e-324}, {"temperature": 1e-30}, {"temperature": 1e-300},
+             {"temperature": 1e-300, "top_k": 1}, {"temperature": 1e-30, "top_p": 5e-324}]  # fmt: skip
+EXTREME = [{"temperature": 1e3}, {"temperature": 1e300}, {"temperature": 1e3, "top_k": 1}, {"top_k": 1}]
+
+
+@pytest.mark.parametrize("restricted", [False, True], ids=["random", "restricted"])
+def test_sampling_at_extreme_settings_is_valid_and_at_vanishing_ones_greedy(model, restricted):
+    """Any valid Sampling draws: allowed ids only, and greedy's tokens where the temperature or top_p vanishes, also
+    where many ids are -inf (a restricted output, no_repeat_ngram_size 1) or all are (an unscored forced prefix)."""
+    if restricted:
+        m, _ = tied_pair()
+        m.set_output_vocab(KEPT)
+        src, allowed = random_src(LENGTHS, seed=3, vocab=TIED_VOCAB), set(KEPT.tolist()) - {EOS}
+    else:
+        m, src, allowed = model, make_src(LENGTHS), set(range(V)) - {PAD, BOS, EOS}
+    for rules in ({}, {"no_repeat_ngram_size": 1}):
+        expected = tokens(greedy(m, src, decoding(12, **rules)))
+        for kwargs in VANISHING:
+            assert tokens(sample(m, src, decoding(12, seed=3, **rules, **kwargs))) == expected, kwargs
+        for kwargs in EXTREME:
+            out = tokens(sample(m, src, decoding(12, seed=3, **rules, **kwargs)))
+            assert all(set(o) <= allowed and len(o) <= 12 for o in out), kwargs
+    if restricted:  # id 5 is not kept: the forced step's row is all -inf, and softmax over it was nan
+        unscored = Targets(prefixes=[[5]] + [[]] * (len(LENGTHS) - 1))
+        expected = tokens(greedy(m, src, decoding(12), unscored))
+        for kwargs in VANISHING:
+            assert tokens(sample(m, src, decoding(12, seed=3, **kwargs), unscored)) == expected, kwargs
+        drawn = tokens(sample(m, src, decoding(12, seed=3), unscored))  # temperature 1: the forced step is greedy's
+        assert drawn[0][0] == expected[0][0]
 
 
 # ---------------------------------------------------------------------------------------------------------
