@@ -1,9 +1,12 @@
 """Confidence: the read-back features against the search's own scores and the unpruned model, the calibration's fit
 on hand-built data, `nanomt calibrate` / `train` / `translate --confidence` / `evaluate --confidence`, both APIs."""
 
+import dataclasses
 import hashlib
 import json
+import logging
 import math
+import re
 import shutil
 import subprocess
 import sys
@@ -188,6 +191,21 @@ def test_a_calibration_for_other_weights_is_not_used(tmp_path):
         calib.load(tmp_path, weights)
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "problem"),
+    [("mean", (math.nan,), "mean: nan is not a finite number"), ("bias", math.inf, "bias: inf is not"),
+     ("weights", ("0.5",), "weights: '0.5' is not"), ("scale", (None,), "scale: None is not"),
+     ("bias", True, "bias: True is not"), ("scale", (0.0,), "scale must be > 0")],
+)  # fmt: skip
+def test_a_calibration_that_is_not_finite_numbers_is_refused(field, value, problem):
+    rows, y = rows_and_targets(200)
+    fitted = calib.fit(rows, y)
+    if isinstance(value, tuple):  # the first feature's, the others as fitted
+        value = value + getattr(fitted, field)[1:]
+    with pytest.raises(calib.CalibrationError, match=re.escape(problem)):
+        dataclasses.replace(fitted, **{field: value})
+
+
 def test_a_texts_confidence_is_its_sentences_weighted_by_characters():
     a = Confident("x", 0.0, 0.9, -0.1)
     b = Confident("y", 0.0, 0.3, -0.7)
@@ -221,6 +239,47 @@ def test_confident_translations_are_the_translations_with_the_calibrations_estim
             assert " ".join(w for w, _ in c.words).split() == c.translation.split()
             assert c.doubtful == [w for w, p in c.words if p < 0.5]
         assert found[-1] == Confident("", 0.0, 1.0, 0.0)
+
+
+def nan_mean(stored):
+    stored["mean"][0] = math.nan  # json writes NaN, and reads it back as a float
+
+
+def string_weight(stored):
+    stored["weights"][1] = "0.5"
+
+
+def no_scale(stored):
+    del stored["scale"]
+
+
+def zero_scale(stored):
+    stored["scale"][2] = 0
+
+
+@pytest.mark.parametrize(
+    ("damage", "problem"),
+    [(nan_mean, "mean: nan is not a finite number"), (string_weight, "weights: '0.5' is not a finite number"),
+     (no_scale, "no 'scale' field"), (zero_scale, "scale must be > 0")],
+)  # fmt: skip
+def test_a_damaged_calibration_is_uncalibrated_with_one_warning(run_dir, uncalibrated, sentences, tmp_path, damage,
+                                                                problem, caplog):  # fmt: skip
+    """calibration.json for these weights, damaged: confidences are None (the raw score stays), not an error at the
+    first one asked for (and at every later one), and one warning names the file and what is wrong with it."""
+    copy = tmp_path / "run"
+    shutil.copytree(uncalibrated, copy)
+    stored = json.loads((run_dir / calib.CALIBRATION).read_text())
+    damage(stored)
+    (copy / calib.CALIBRATION).write_text(json.dumps(stored))
+    t = Translator.from_checkpoint(copy)
+    with caplog.at_level(logging.WARNING, logger="nanomt"):
+        found = t.translate_confident(sentences[:4])
+        again = t.translate_confident(sentences[:4])
+    assert [c.confidence for c in found + again] == [None] * 8 and t.calibration is None
+    assert [c.translation for c in found] == t.translate(sentences[:4])
+    assert all(math.isfinite(c.raw) for c in found)
+    warnings = [r.getMessage() for r in caplog.records if r.name == "nanomt" and r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and str(copy / calib.CALIBRATION) in warnings[0] and problem in warnings[0]
 
 
 @pytest.mark.slow  # nanomt in subprocesses

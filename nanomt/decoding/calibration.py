@@ -13,6 +13,7 @@ import dataclasses
 import json
 import logging
 import math
+import numbers
 import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -32,7 +33,8 @@ KINDS = ("line", "logistic")
 
 
 class CalibrationError(ValueError):
-    """Too few sentences to fit on, or a calibration file that cannot be read."""
+    """Too few sentences to fit on, values no confidence can come from (not finite, a scale of 0), or a file that
+    cannot be read."""
 
 
 @dataclass(frozen=True)
@@ -52,11 +54,21 @@ class Calibration:
     def __post_init__(self):
         if self.kind not in KINDS:
             raise CalibrationError(f"unknown calibration kind {self.kind!r} (known: {', '.join(KINDS)})")
-        unknown = sorted(set(self.features) - set(FEATURES))
+        unknown = [f for f in self.features if f not in FEATURES]
         if unknown:
             raise CalibrationError(f"unknown feature {unknown[0]!r} (known: {', '.join(FEATURES)})")
         if not (len(self.features) == len(self.mean) == len(self.scale) == len(self.weights)):
             raise CalibrationError("a calibration needs one mean, scale and weight per feature")
+        # JSON reads NaN and Infinity as floats: predictions from them would be NaN, or raise, at every request.
+        for name in ("mean", "scale", "weights"):
+            for value in getattr(self, name):
+                check_finite(name, value)
+        check_finite("bias", self.bias)
+        for feature, scale in zip(self.features, self.scale):
+            if scale <= 0:
+                raise CalibrationError(f"scale must be > 0, got {scale} for {feature}")
+        if not isinstance(self.weights_sha256, str) or not isinstance(self.fit, dict):
+            raise CalibrationError("weights_sha256 must be a string and fit a mapping")
 
     def predict(self, rows: Sequence[dict[str, float]]) -> np.ndarray:
         """(N,) each sentence's confidence from its features."""
@@ -70,9 +82,33 @@ class Calibration:
         """Write calibration.json into `directory` (through a temporary file)."""
         path = Path(directory) / CALIBRATION
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=1) + "\n", encoding="utf-8")
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(json.dumps(asdict(self), indent=1) + "\n")
+            f.flush()
+            os.fsync(f.fileno())  # on disk before the rename: a crash leaves the old file or the new, never half
         os.replace(tmp, path)
+        fsync_directory(path.parent)
         return path
+
+
+def check_finite(name: str, value: object) -> None:
+    """CalibrationError unless `value` is a finite number (not a bool, a string or None)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise CalibrationError(f"{name}: {value!r} is not a finite number")
+
+
+def fsync_directory(directory: Path) -> None:
+    """Make a rename in `directory` durable, where the OS opens directories (not Windows)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some file systems refuse to fsync a directory: the rename is as durable as they make it
+        pass
+    finally:
+        os.close(fd)
 
 
 def fit(rows: Sequence[dict[str, float]], targets: Sequence[float], kind: str = "logistic",
@@ -152,7 +188,8 @@ def sentence_chrf(hypotheses: Sequence[str], references: Sequence[str]) -> list[
 
 def load(directory: str | Path, weights: str | Path) -> Calibration | None:
     """The calibration stored in `directory` for the weights file `weights`; None (and a log line saying why) when
-    there is none, or when it was fitted for other weights. A damaged file is a CalibrationError."""
+    there is none, or when it was fitted for other weights. A damaged or invalid file is a CalibrationError naming
+    it and the problem (Translator.calibration takes that as uncalibrated)."""
     path = Path(directory) / CALIBRATION
     if not path.is_file():
         return None
@@ -161,7 +198,8 @@ def load(directory: str | Path, weights: str | Path) -> Calibration | None:
         cal = Calibration(**{**stored, "features": tuple(stored["features"]), "mean": tuple(stored["mean"]),
                              "scale": tuple(stored["scale"]), "weights": tuple(stored["weights"])})  # fmt: skip
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise CalibrationError(f"{path}: cannot read the calibration: {str(e).splitlines()[0]}") from None
+        problem = f"no {e} field" if isinstance(e, KeyError) else str(e).splitlines()[0]
+        raise CalibrationError(f"{path}: cannot read the calibration: {problem}") from None
     if cal.weights_sha256 != file_sha256(weights):
         log.warning("%s was fitted for other weights than %s: confidence uncalibrated (run nanomt calibrate)", path,
                     weights)  # fmt: skip

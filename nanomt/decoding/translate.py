@@ -256,7 +256,15 @@ class Translator:
     @functools.cached_property
     def calibration(self) -> Calibration | None:
         """Features -> confidence (nanomt.decoding.calibration); None: raw scores only (nanomt calibrate fits one)."""
-        return calib.load(*self._calibration_at) if self._calibration_at else None
+        if not self._calibration_at:
+            return None
+        try:
+            return calib.load(*self._calibration_at)
+        except calib.CalibrationError as e:
+            # Read at the first confidence asked for: a damaged file is no calibration, as a missing one is, rather
+            # than an error in every batch that asks (once: the None is cached).
+            log.warning("%s: confidence uncalibrated (run nanomt calibrate)", e)
+            return None
 
     @functools.cached_property
     def shortlist(self) -> Shortlist:
