@@ -6,6 +6,7 @@ from conftest import tiny_config
 
 from nanomt.core.checkpoint import CheckpointError
 from nanomt.core.config import config_from_dict
+from nanomt.decoding.alignment import Alignment
 from nanomt.decoding.translate import Translator
 from nanomt.training.train import train
 
@@ -141,3 +142,66 @@ def test_a_model_that_fails_to_load_answers_500_and_the_others_go_on(runs, tmp_p
         assert bad.status_code == 500 and bad.json()["error"].startswith("internal server error")
         good = c.post("/translate", json={"text": line, "source": "xx", "target": "en", "beam_size": 1})
         assert good.json()["translations"] == Translator.from_checkpoint(runs["xx-en"]).translate(line, beam_size=1)
+
+
+class Repeating:
+    """A first hop whose translation of anything is a long repetitive text of several sentences (what a weak model
+    writes), longer than the second model's positions."""
+
+    TEXT = "la nuka fosur. " * 3 + "la fesa korat " * 30 + "korat."
+
+    def __init__(self, inner: Translator):
+        self.inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def translate(self, texts, **kw):
+        return [self.TEXT.strip() if t.strip() else "" for t in texts]
+
+    def translate_n_best(self, texts, **kw):
+        return [[(t, 0.0)] for t in self.translate(texts)]
+
+    def alignments(self, texts, *args, **kw):
+        return [Alignment(t) for t in self.translate(texts)]  # no attention: the tags placed by position
+
+
+class Seen:
+    """The texts a model was given to translate, by any of the Translator's ways."""
+
+    def __init__(self, inner: Translator):
+        self.inner, self.texts = inner, []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def translate_n_best(self, texts, **kw):
+        self.texts += texts
+        return self.inner.translate_n_best(texts, **kw)
+
+    def alignments(self, texts, *args, **kw):
+        self.texts += texts
+        return self.inner.alignments(texts, *args, **kw)
+
+
+def test_a_pivot_is_exactly_its_two_hops_on_long_repetitive_first_hop_output(runs, toy_corpus):
+    lines = toy_corpus["test.src"].read_text().splitlines()[:2]
+    models = model_set(runs)
+    real, second = models.translator, Seen(Translator.from_checkpoint(runs["en-yy"]))
+    models.translator = lambda m: Repeating(real(m)) if m.name == "xx-en" else second if m.name == "en-yy" else real(m)
+    paragraph = " ".join(lines)
+    with TestClient(create_app(models, cache_size=0)) as c:
+        lt = lambda q, s, t, **kw: c.post("/translate", json={"q": q, "source": s, "target": t, **kw}).json()  # noqa: E731
+        for fmt in ("text", "html"):
+            doc = paragraph if fmt == "text" else f"<p>{paragraph}</p>"
+            second.texts.clear()
+            pivot = lt(doc, "xx", "yy", format=fmt)["translatedText"]
+            seen, second.texts = second.texts, []
+            by_hand = lt(lt(doc, "xx", "en", format=fmt)["translatedText"], "en", "yy", format=fmt)["translatedText"]
+            assert seen == second.texts and len(seen) > 2, fmt  # the second model got what a client would send it
+            assert pivot == by_hand, fmt
+        via = c.post("/translate", json={"text": [paragraph], "split": True, "source": "xx", "target": "yy"}).json()
+        first = c.post("/translate", json={"text": [paragraph], "split": True, "source": "xx", "target": "en"}).json()
+        onward = {"text": first["translations"], "split": True, "source": "en", "target": "yy"}
+        assert via["translations"] == c.post("/translate", json=onward).json()["translations"]
+        assert via["route"] == ["xx-en", "en-yy"] and via["cut"] == [0]  # the first hop's text was translated in pieces

@@ -217,7 +217,8 @@ def test_a_correction_is_answered_in_place_of_the_model_in_documents_too(transla
 def test_memory_export_as_a_corpus_and_tmx_and_import(tmp_path, capsys):
     from nanomt.cli import main
     from nanomt.core.config import SplitConfig
-    from nanomt.serve.store import Guarded, TranslationMemory
+    from nanomt.serve.breaker import Guarded
+    from nanomt.serve.store import TranslationMemory
     from nanomt.training.data import check_split
 
     url = f"sqlite:///{tmp_path}/store.db"

@@ -9,7 +9,8 @@ from pathlib import Path
 
 
 def memory(args: argparse.Namespace) -> None:
-    from nanomt.serve.store import Guarded, TranslationMemory, memory_tmx, memory_tsv, open_store, read_tmx
+    from nanomt.serve.breaker import Guarded
+    from nanomt.serve.store import TranslationMemory, memory_tmx, memory_tsv, open_store, read_tmx
 
     store = open_store(args.store)
     try:

@@ -12,7 +12,7 @@ from nanomt.core.decoding import Decoding
 from nanomt.decoding.glossary import has_terms
 from nanomt.decoding.translate import prepare, src_limit
 from nanomt.serve import confidence, libretranslate
-from nanomt.serve.documents import Route, job_key
+from nanomt.serve.documents import Route
 from nanomt.serve.errors import ERRORS, FORM, NOT_JSON, FormFields, check_size, read_body, validate
 from nanomt.serve.models import Model, NoRoute, has_shortlist
 from nanomt.serve.schemas import AttentionRequest, AttentionResponse, TranslateRequest, TranslateResponse
@@ -59,11 +59,7 @@ async def translate_texts(server, request: Request, req: TranslateRequest) -> Tr
         texts, cut = [r.text for r in results], [i for i, r in enumerate(results) if r.cut]
         scores = [r.score for r in results]
     else:
-        texts, prefixes = req.text, req.prefix or [None] * len(req.text)
-        for hop, (model, decoding) in enumerate(zip(models, decodings)):
-            items = list(zip(texts, prefixes if hop == len(models) - 1 else [None] * len(texts)))
-            texts = await server.decode(request, model, job_key("translate", decoding), items)
-        cut = _cut(models[0], req.text)
+        texts, cut = await way.sentences(req.text, req.prefix), _cut(models[0], req.text)
     glossary = decodings[-1].glossary
     missed = [i for i, (src, out) in enumerate(zip(req.text, texts)) if not has_terms(glossary, src, out)]
     recalled = getattr(request.state, "from_memory", set())
@@ -98,7 +94,7 @@ async def _confident(way: Route, req: TranslateRequest) -> tuple[list[str], list
             [r.score for r, _ in results],
             [s for _, s in results],
         )
-    found = await way.confident(req.text, "confident", req.prefix)
+    found = await way.confident(req.text, req.prefix)
     texts = [c.translation for c in found]
     return texts, _cut(way.models[0], req.text), [c.score for c in found], [[(t, c)] for t, c in zip(req.text, found)]
 
@@ -121,14 +117,14 @@ def add_routes(app: FastAPI, server) -> None:
         if isinstance(body, FormFields) or (isinstance(body, dict) and "q" in body and "text" not in body):
             return await libretranslate.translate(server, request, validate(libretranslate.LibreTranslateRequest, body))
         req = validate(TranslateRequest, body)
-        server.check_key(request, req.api_key, sum(map(len, req.text)))
+        await server.check_key(request, req.api_key, sum(map(len, req.text)))
         check_size(req.text, server.config.sentence_limit, server.config.max_chars)
         return await translate_texts(server, request, req)
 
     @app.post("/attention", response_model=AttentionResponse, responses=ERRORS)
     async def attention(request: Request, req: AttentionRequest) -> AttentionResponse:
         """Translate one sentence and return its cross-attention, every layer and head."""
-        server.check_key(request, req.api_key, len(req.text))
+        await server.check_key(request, req.api_key, len(req.text))
         check_size([req.text], 1, server.config.max_chars)
         model = _one_model(server, req)
         try:

@@ -8,31 +8,33 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
 import hmac
 import logging
+import time
 from contextlib import asynccontextmanager
 
-import torch
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from nanomt.core.checkpoint import checkpoint_weights, file_sha256
+from nanomt.core.checkpoint import checkpoint_weights
 from nanomt.core.decoding import Decoding
 from nanomt.decoding import calibration
 from nanomt.decoding.translate import Translator
 from nanomt.documents import markup
 from nanomt.serve import api, confidence, libretranslate, page
 from nanomt.serve.batching import Batcher, Closed, JobTimeout, QueueFull
+from nanomt.serve.breaker import Guarded
 from nanomt.serve.errors import add_error_handlers, error
 from nanomt.serve.keys import WINDOW_S, KeyRing, Limits
 from nanomt.serve.metrics import ServerMetrics, add_observer
 from nanomt.serve.models import Model, ModelSet
 from nanomt.serve.settings import MAX_BEAM, ServeConfig
-from nanomt.serve.store import KEYS, Guarded, MemoryStore, SentenceCache, Store, TranslationMemory, open_store
+from nanomt.serve.store import KEYS, Hit, MemoryStore, SentenceCache, Store, TranslationMemory, open_store
+from nanomt.serve.workers import Busy, Expired, Pool, Pools
 
 log = logging.getLogger("nanomt.serve")
+STORE_WAIT = 5.0  # seconds a request waits for the store before it goes on without it (the breaker opens)
 
 
 class Server:
@@ -56,7 +58,7 @@ class Server:
         self._inline = isinstance(self.store.store, MemoryStore)  # microseconds: no thread hop for it
         self.cache = SentenceCache(self.store, config.cache_size, config.cache_age) if config.cache_size else None
         self.memory = TranslationMemory(self.store)
-        self._hashes: dict[str, str] = {}
+        self.pools = Pools()
 
     def defaults(self, model: Model) -> Decoding:
         """A model's settings for requests that change none: its config's, with the server's beam and glossary."""
@@ -100,12 +102,13 @@ class Server:
         if not items:  # e.g. an HTML document of tags only
             return []
         if key[0] not in ("translate", "n_best", "align", "confident", "confident_units"):
-            return await self._decode(model, key, items)
+            return await self._decode(model, key, items, request)
         results, keys = [None] * len(items), [None] * len(items)
         if self.config.suggestions:
             pairs = [(item, None) if isinstance(item, str) else item for item in items]  # (text, forced prefix)
             unforced = [i for i, (_, prefix) in enumerate(pairs) if prefix is None]
-            found = await self.io(self.memory.find_many, model.name, [pairs[i][0] for i in unforced])
+            sources = [pairs[i][0] for i in unforced]
+            found = await self.io(self.memory.find_many, model.name, sources, fallback=[None] * len(sources))
             as_result = {
                 "translate": lambda t: t,
                 "n_best": lambda t: [(t, 0.0)],
@@ -120,11 +123,11 @@ class Server:
                     self.metrics.memory_hits.inc()
         cacheable = key[0] in ("translate", "n_best")  # an alignment holds the attention, a Confident the words
         if self.cache is not None and cacheable and key[1].sampling is None:  # a sample is drawn afresh every time
-            weights, setting = await self.weights_hash(model), f"{key[0]}:{key[1]!r}"
+            weights, setting = await self.fingerprint(model), f"{key[0]}:{key[1]!r}"
             todo = [i for i, r in enumerate(results) if r is None]
             for i in todo:
                 keys[i] = self.cache.key(weights, model.name, setting, *items[i])
-            found = await self.io(self.cache.get_many, [keys[i] for i in todo])
+            found = await self.io(self.cache.get_many, [keys[i] for i in todo], fallback=[None] * len(todo))
             for i, value in zip(todo, found):
                 if value is not None:
                     results[i] = value if key[0] == "translate" else [tuple(h) for h in value]
@@ -133,38 +136,63 @@ class Server:
             self.metrics.cache_misses.inc(len(todo) - hits)
         todo = [i for i, r in enumerate(results) if r is None]
         if todo:
-            decoded = await self._decode(model, key, [items[i] for i in todo])
+            decoded = await self._decode(model, key, [items[i] for i in todo], request)
             for i, value in zip(todo, decoded):
                 results[i] = value
             stored = [(keys[i], results[i]) for i in todo if keys[i] is not None]
             if stored:
-                await self.io(lambda: [self.cache.put(k, v) for k, v in stored])
+                await self.io(lambda: [self.cache.put(k, v) for k, v in stored], fallback=None)
         return results
 
-    async def io(self, fn, *args):
-        """fn(*args) on the store: in a thread (a network or disk round trip), or here for the memory store."""
-        return fn(*args) if self._inline else await asyncio.to_thread(fn, *args)
+    def deadline(self, request: Request) -> float | None:
+        """When the request's time (--timeout) runs out, in time.monotonic(): every wait of its work ends there."""
+        if not hasattr(request.state, "deadline"):
+            timeout = self.config.timeout
+            request.state.deadline = None if timeout is None else time.monotonic() + timeout
+        return request.state.deadline
 
-    async def weights_hash(self, model: Model) -> str:
-        """The model's weights' hash (its weights file's, else its tensors'), computed once."""
-        if model.name not in self._hashes:
-            self._hashes[model.name] = await asyncio.to_thread(self._weights_hash, model)
-        return self._hashes[model.name]
+    def too_late(self) -> HTTPException:
+        return HTTPException(504, f"not translated within the server's timeout of {self.config.timeout:g} s")
 
-    def _weights_hash(self, model: Model) -> str:
-        kind = b"int8" if self.config.int8 else b"float"
-        if model.path is not None:
-            return file_sha256(checkpoint_weights(model.path), kind)[:32]
-        h = hashlib.sha256(kind)
-        for name, tensor in model.translator.model.state_dict().items():
-            h.update(name.encode())
-            h.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
-        return h.hexdigest()[:32]
+    async def offload(self, pool: Pool, fn, *args, deadline: float | None):
+        """fn(*args) in a thread of `pool`: a 503 when the pool is full, a 504 past the deadline."""
+        try:
+            return await pool.run(fn, *args, deadline=deadline)
+        except Busy as e:
+            raise HTTPException(503, f"server busy: {e}", headers={"Retry-After": "1"}) from None
+        except Expired:
+            raise self.too_late() from None
 
-    async def _decode(self, model: Model, key: tuple, items: list) -> list:
+    async def io(self, fn, *args, fallback):
+        """fn(*args) on the store: in a thread of the store's pool (a network or disk round trip), or here for the
+        memory store; `fallback` when the store does not answer within STORE_WAIT seconds."""
+        if self._inline:
+            return fn(*args)
+        try:
+            return await self.pools.store.run(fn, *args, deadline=time.monotonic() + STORE_WAIT)
+        except (Busy, Expired) as e:
+            self.store.trip(f"no answer within {STORE_WAIT:g} s ({e})")
+            return fallback
+
+    async def fingerprint(self, model: Model) -> str:
+        """The model's fingerprint (weights, tokenizer, shortlist), computed once, off the event loop."""
+        if model.fingerprint is None:
+            await self.offload(self.pools.work, self.models.fingerprint, model, deadline=None)
+        return model.fingerprint
+
+    def stalled(self) -> str | None:
+        """Why the server cannot make progress (a batch or a pool's task stuck past --timeout), or None."""
+        stall = self.config.timeout or 60.0
+        if self.engine.stalled(stall):
+            return f"no progress: the decoder has been on one batch, or a job has waited, for {stall:g} s"
+        pools = self.pools.stalled(stall)
+        return f"no progress: work has waited {stall:g} s for a thread ({', '.join(pools)})" if pools else None
+
+    async def _decode(self, model: Model, key: tuple, items: list, request: Request) -> list:
         texts = [item if isinstance(item, str) else item[0] for item in items]
         tokens = sum(len(ids) + 1 for ids in model.tokenizer.encode_src(texts))  # +1: EOS
-        timeout = self.config.timeout
+        deadline = self.deadline(request)
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         try:
             job = self.engine.submit((model.name, *key), items, tokens, timeout)
         except QueueFull as e:
@@ -175,7 +203,7 @@ class Server:
             return await asyncio.wait_for(asyncio.wrap_future(job.future), timeout)
         except (asyncio.TimeoutError, JobTimeout):
             job.future.cancel()  # not decoded yet: dropped from every later batch
-            raise HTTPException(504, f"not translated within the server's timeout of {timeout:g} s") from None
+            raise self.too_late() from None
 
     @property
     def key_required(self) -> bool:
@@ -193,7 +221,7 @@ class Server:
             return hops[0] if hops else address
         return next((hop for hop in reversed(hops) if hop not in trusted), hops[0] if hops else address)
 
-    def check_key(self, request: Request, given: str | None, chars: int = 0) -> None:
+    async def check_key(self, request: Request, given: str | None, chars: int = 0) -> None:
         """403 unless the request carries a key of the server (body api_key, Authorization: Bearer, or X-API-Key)
         where one is required; 413 past the client's characters a request and 429 (Retry-After) past its requests
         a minute: a key's (its line's, else the server's), or without one the server's per client address.
@@ -219,7 +247,10 @@ class Server:
             raise HTTPException(413, f"{chars} characters in one request; {whose} limit is {limits.char_limit}")
         if limits.req_limit is None:
             return
-        hit = self.store.hit(KEYS["rate"].format(client=client), limits.req_limit, WINDOW_S)
+        closed = None if not self.store.fail_open else Hit(True)
+        hit = await self.io(
+            self.store.hit, KEYS["rate"].format(client=client), limits.req_limit, WINDOW_S, fallback=closed
+        )
         if hit is None:
             raise HTTPException(503, "rate limits unavailable: the store is unreachable", headers={"Retry-After": "5"})
         if not hit.allowed:
@@ -264,6 +295,7 @@ def create_app(
         yield
         # uvicorn got here after the requests in flight were answered: finish the queue, stop.
         await asyncio.to_thread(server.engine.close, 60)
+        server.pools.close()
         log.info("queue drained, decoder stopped")
 
     app = FastAPI(
@@ -312,7 +344,7 @@ def _add_probes(app: FastAPI, server: Server) -> None:
             "store": {"url": server.store.url, "reachable": not server.store.down},
         }
 
-    @app.get("/ready", responses={503: {"description": "not ready: queue full, shutting down or worker stopped"}})
+    @app.get("/ready", responses={503: {"description": "not ready: queue full, shutting down, no progress"}})
     async def ready() -> JSONResponse:
         """Readiness: the worker runs and the queue has room (else a 503)."""
         engine = server.engine
@@ -320,6 +352,9 @@ def _add_probes(app: FastAPI, server: Server) -> None:
             return error(503, "not ready: shutting down" if engine.closing else "not ready: decoder not running")
         if engine.full():
             return error(503, "not ready: the queue is full", headers={"Retry-After": "1"})
+        stalled = server.stalled()
+        if stalled is not None:
+            return error(503, f"not ready: {stalled}", headers={"Retry-After": "5"})
         return JSONResponse({"status": "ready", "queue_depth": engine.depth()})
 
     @app.get("/metrics", include_in_schema=False)

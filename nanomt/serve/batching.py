@@ -81,6 +81,7 @@ class Batcher:
         self._cond = threading.Condition()
         self._closing = False
         self._worker: threading.Thread | None = None
+        self._batch_since: float | None = None  # when the batch being decoded started (None: none is)
 
     def depth(self) -> int:
         """Jobs waiting (not counting the batch being decoded)."""
@@ -101,6 +102,11 @@ class Batcher:
 
     def alive(self) -> bool:
         return self._worker is not None and self._worker.is_alive()
+
+    def stalled(self, seconds: float) -> bool:
+        """Whether the worker has been on one batch for longer than `seconds`, or a job has waited that long."""
+        now, since, queue = time.monotonic(), self._batch_since, self._queue
+        return (since is not None and now - since > seconds) or bool(queue and now - queue[0].arrived > seconds)
 
     def submit(self, key: Hashable, items: list, tokens: int, timeout: float | None = None) -> Job:
         """Queue a job, or raise QueueFull (at once) or Closed; its future gets run's results for its items."""
@@ -174,6 +180,7 @@ class Batcher:
                 continue
             items = [x for j in jobs for x in j.items]
             start = time.perf_counter()
+            self._batch_since = time.monotonic()
             try:
                 results = self.run(jobs[0].key, items)
                 if len(results) != len(items):
@@ -182,6 +189,8 @@ class Batcher:
                 for j in jobs:
                     j.future.set_exception(e)
                 continue
+            finally:
+                self._batch_since = None
             seconds = time.perf_counter() - start
             at = 0
             for j in jobs:

@@ -1,10 +1,15 @@
-"""Documents on the server: paragraphs, HTML and files translated in a worker thread whose model calls are queued,
-through the event loop, with every other request's (nanomt.documents.translation does the segmenting and joining)."""
+"""Documents on the server: paragraphs, HTML and files translated in a pool's thread whose model calls are queued,
+through the event loop, with every other request's (nanomt.documents.translation does the segmenting and joining).
+
+A route through the pivot language is that many whole translations, one after the other: each model gets the text
+the one before it wrote, as a client sending it on would (segmented, split and cut by its own rules).
+"""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import replace
 
 from fastapi import Request
 
@@ -13,6 +18,7 @@ from nanomt.documents import markup
 from nanomt.documents import translation as dt
 from nanomt.documents.segmentation import TextTranslation
 from nanomt.serve.models import Model
+from nanomt.serve.workers import wait
 
 
 def job_key(kind: str, decoding: Decoding) -> tuple:
@@ -20,65 +26,104 @@ def job_key(kind: str, decoding: Decoding) -> tuple:
     return (kind, decoding, object() if decoding.decode_alone else None)
 
 
+class Hop:
+    """One model of a route with its decoding settings, as a pool's thread reaches it: each call queued on the event
+    loop with every other request's, waited for until the request's deadline."""
+
+    def __init__(self, route: Route, model: Model, decoding: Decoding, loop: asyncio.AbstractEventLoop):
+        self.route, self.model, self.decoding, self.loop = route, model, decoding, loop
+        self.source = dt.Source.of(model.cfg, model.tokenizer, model.source)
+
+    def _call(self, kind: str, items: list) -> list:
+        route = self.route
+        coro = route.server.decode(route.request, self.model, job_key(kind, self.decoding), items)
+        return wait(asyncio.run_coroutine_threadsafe(coro, self.loop), route.deadline)
+
+    def n_best(self, units: list[str]) -> list[list[tuple[str, float]]]:
+        """Each unit's hypotheses, best first (unknown source pieces copied)."""
+        return self._call("n_best", [(t, None) for t in units])
+
+    def align(self, sentences: list[str]) -> list[markup.Alignment]:
+        """Each sentence's translation and its alignment to the source (for inline markup)."""
+        return self._call("align", sentences)
+
+    def confident(self, units: list[str]) -> list:
+        """Each unit's best translation with its confidence (as documents' n-best lists, unknown pieces copied)."""
+        return self._call("confident_units", [(t, None) for t in units])
+
+
 class Route:
-    """One request's way to its translations: through one model, or two through the pivot language, each with its
-    decoding settings (the last one gives the n-best lists and alignments)."""
+    """One request's way to its translations: through one model, or several through the pivot language, each with
+    its decoding settings (the last one gives the n-best lists, alignments and confidences)."""
 
     def __init__(self, server, request: Request, models: list[Model], decodings: list[Decoding]):
         self.server, self.request, self.models, self.decodings = server, request, models, decodings
-        self.source = dt.Source.of(models[0].cfg, models[0].tokenizer, models[0].source)
+        self.deadline = server.deadline(request)
 
-    async def _pivot(self, texts: list[str]) -> list[str]:
-        """The texts through every model but the last (the pivot language's translations)."""
-        for model, decoding in zip(self.models[:-1], self.decodings):
-            key = job_key("translate", decoding)
-            texts = await self.server.decode(self.request, model, key, [(t, None) for t in texts])
-        return texts
-
-    async def n_best(self, units: list[str]) -> list[list[tuple[str, float]]]:
-        """Each unit's hypotheses, best first (the last model's n-best list, unknown source pieces copied)."""
-        texts = await self._pivot(units)
-        return await self.server.decode(
-            self.request, self.models[-1], job_key("n_best", self.decodings[-1]), [(t, None) for t in texts]
-        )
-
-    async def align(self, sentences: list[str]) -> list[markup.Alignment]:
-        """Each sentence's translation and its alignment to the source; through a pivot, the words align by
-        position (two models have no one attention)."""
-        if len(self.models) > 1:
-            return [markup.Alignment(h[0][0]) for h in await self.n_best(sentences)]
-        return await self.server.decode(self.request, self.models[0], job_key("align", self.decodings[-1]), sentences)
-
-    def blocking(self, loop: asyncio.AbstractEventLoop) -> tuple[markup.Translate, Callable]:
-        """`align` and `n_best` for a worker thread: each call queued on the event loop, waited for in the thread."""
-        run = lambda coro: asyncio.run_coroutine_threadsafe(coro, loop).result()  # noqa: E731
-        return (lambda sentences: run(self.align(sentences))), (lambda units: run(self.n_best(units)))
-
-    async def confident(self, units: list[str], kind: str = "confident_units", prefixes=None) -> list:
-        """Each unit's best translation with its confidence: the last model's, reading the pivot's translation."""
-        texts = await self._pivot(units)
-        items = list(zip(texts, prefixes or [None] * len(texts)))
-        return await self.server.decode(self.request, self.models[-1], job_key(kind, self.decodings[-1]), items)
-
-    async def paragraphs_confident(self, texts: list[str], split: bool) -> list[tuple[TextTranslation, list]]:
-        """`paragraphs` with each text's units and their Confident (dt.Confidences), best translations only."""
+    def _hops(self) -> list[Hop]:
         loop = asyncio.get_running_loop()
-        run = lambda coro: asyncio.run_coroutine_threadsafe(coro, loop).result()  # noqa: E731
-        recorder = dt.Confidences(lambda units: run(self.confident(units)))
-        results = await asyncio.to_thread(dt.paragraphs, texts, recorder, self.source, split)
-        return [(r, recorder.sentences(r)) for r in results]
+        return [Hop(self, m, d, loop) for m, d in zip(self.models, self.decodings)]
+
+    async def _each(self, pool, texts, step: Callable, last: Callable | None = None):
+        """texts through every hop in turn, each in a thread of `pool`: `step(hop, texts)` gives the next hop's
+        texts; the last hop's answer is `last(hop, texts)`'s (step's when None)."""
+        hops = self._hops()
+        for hop in hops[:-1]:
+            texts = await self.server.offload(pool, step, hop, texts, deadline=self.deadline)
+        return await self.server.offload(pool, last or step, hops[-1], texts, deadline=self.deadline)
 
     async def paragraphs(self, texts: list[str], split: bool, n_alternatives: int = 0) -> list[TextTranslation]:
-        """Texts as documents (split) or as one sentence each; see document_translation.paragraphs."""
-        _, n_best = self.blocking(asyncio.get_running_loop())
-        return await asyncio.to_thread(dt.paragraphs, texts, n_best, self.source, split, n_alternatives)
+        """Texts as documents (split) or as one sentence each (see documents.translation.paragraphs); a text is cut
+        where any hop cut it."""
+
+        def step(hop: Hop, texts: list[str], n: int = 0) -> list[TextTranslation]:
+            return dt.paragraphs(texts, hop.n_best, hop.source, split, n)
+
+        cut = [False] * len(texts)
+
+        def through(hop: Hop, texts: list[str]) -> list[str]:
+            done = step(hop, texts)
+            cut[:] = [c or r.cut for c, r in zip(cut, done)]
+            return [r.text for r in done]
+
+        done = await self._each(self.server.pools.documents, texts, through, lambda h, t: step(h, t, n_alternatives))
+        return [replace(r, cut=r.cut or c) for r, c in zip(done, cut)]
+
+    async def paragraphs_confident(self, texts: list[str], split: bool) -> list[tuple[TextTranslation, list]]:
+        """`paragraphs`, best translations only, with each text's units (the last hop's) and their Confident."""
+
+        def last(hop: Hop, texts: list[str]) -> list[tuple[TextTranslation, list]]:
+            recorder = dt.Confidences(hop.confident)
+            return [(r, recorder.sentences(r)) for r in dt.paragraphs(texts, recorder, hop.source, split)]
+
+        def step(hop: Hop, texts: list[str]) -> list[str]:
+            return [r.text for r in dt.paragraphs(texts, hop.n_best, hop.source, split)]
+
+        return await self._each(self.server.pools.documents, texts, step, last)
 
     async def html(self, docs: list[str]) -> list[str]:
         """HTML documents with their inline tags put back by alignment."""
-        align, n_best = self.blocking(asyncio.get_running_loop())
-        return await asyncio.to_thread(dt.html, docs, align, n_best, self.source)
+        step = lambda hop, docs: dt.html(docs, hop.align, hop.n_best, hop.source)  # noqa: E731
+        return await self._each(self.server.pools.documents, docs, step)
 
     async def file(self, data: bytes, fmt: str) -> bytes:
         """A file translated into one of the same format (files.FileError when it cannot be)."""
-        align, n_best = self.blocking(asyncio.get_running_loop())
-        return await asyncio.to_thread(dt.document_file, data, fmt, align, n_best, self.source)
+        step = lambda hop, data: dt.document_file(data, fmt, hop.align, hop.n_best, hop.source)  # noqa: E731
+        return await self._each(self.server.pools.files, data, step)
+
+    async def sentences(self, texts: list[str], prefixes: list[str | None] | None = None) -> list[str]:
+        """Each text as one sentence (nanomt's /translate), through every hop; prefixes are the last hop's."""
+        prefixes = prefixes or [None] * len(texts)
+        for hop, (model, decoding) in enumerate(zip(self.models, self.decodings)):
+            last = hop == len(self.models) - 1
+            items = list(zip(texts, prefixes if last else [None] * len(texts)))
+            texts = await self.server.decode(self.request, model, job_key("translate", decoding), items)
+        return texts
+
+    async def confident(self, texts: list[str], prefixes: list[str | None] | None = None) -> list:
+        """Each text as one sentence, the last hop's with its confidence (reading the hop before's translation)."""
+        if len(self.models) > 1:
+            head = Route(self.server, self.request, self.models[:-1], self.decodings[:-1])
+            texts = await head.sentences(texts)
+        items = list(zip(texts, prefixes or [None] * len(texts)))
+        return await self.server.decode(self.request, self.models[-1], job_key("confident", self.decodings[-1]), items)

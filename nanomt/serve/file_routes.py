@@ -64,7 +64,7 @@ def add_routes(app: FastAPI, server, routed) -> None:
         data = await file.read(files.MAX_FILE_BYTES + 1)
         if len(data) > files.MAX_FILE_BYTES:
             raise HTTPException(413, f"{name}: larger than the limit of {files.MAX_FILE_BYTES:,} bytes")
-        server.check_key(request, api_key, len(data))  # a file's bytes count against a key's characters
+        await server.check_key(request, api_key, len(data))  # a file's bytes count against a key's characters
         if source == "auto":
             raise HTTPException(400, "source auto: give the file's source language")
         try:

@@ -144,7 +144,7 @@ async def _translate_all(server, request: Request, req: LibreTranslateRequest, t
 async def translate(server, request: Request, req: LibreTranslateRequest) -> LibreTranslateResponse:
     """LibreTranslate's /translate: each text a document (sentences split, spacing kept), or HTML."""
     texts = [req.q] if isinstance(req.q, str) else req.q
-    server.check_key(request, req.api_key, sum(map(len, texts)))
+    await server.check_key(request, req.api_key, sum(map(len, texts)))
     check_size(texts, server.config.sentence_limit, server.config.max_chars)
     if req.confidence and req.format == "html":
         raise HTTPException(400, "confidence: for format text (an HTML document's sentences are not returned)")
@@ -184,7 +184,7 @@ def add_routes(app: FastAPI, server) -> None:
     async def detect_(request: Request) -> list:
         """LibreTranslate's language detection, among the languages the server translates from."""
         req = validate(DetectRequest, await read_body(request))
-        server.check_key(request, req.api_key)
+        await server.check_key(request, req.api_key)
         text = req.q if isinstance(req.q, str) else " ".join(req.q)
         return detections(text, candidates(server))
 
@@ -195,7 +195,7 @@ def add_routes(app: FastAPI, server) -> None:
         if not server.config.suggestions:
             raise HTTPException(403, "Suggestions are disabled on this server.")
         req = validate(SuggestRequest, await read_body(request))
-        server.check_key(request, req.api_key, len(req.q) + len(req.s))
+        await server.check_key(request, req.api_key, len(req.q) + len(req.s))
         check_size([req.q, req.s], 2, server.config.max_chars)
         if (req.source, req.target) not in server.models.by_pair:
             served = ", ".join(server.models.pairs())

@@ -113,8 +113,11 @@ def add_observer(app: FastAPI, metrics: ServerMetrics, max_bytes: int) -> None:
                 access_log.info(json.dumps(entry, ensure_ascii=False))
 
 
-def json_logs() -> None:
-    """Access logs as one JSON object a line on stderr (uvicorn's own access log is off)."""
+def json_logs(enabled: bool = True) -> None:
+    """Access logs as one JSON object a line on stderr (uvicorn's own access log is off), or none at all."""
+    if not enabled:  # the command line's root logger takes INFO: without this the lines would reach it
+        access_log.disabled = True
+        return
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(message)s"))
     access_log.addHandler(handler)

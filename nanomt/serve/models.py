@@ -4,12 +4,16 @@ model translates a pair), loaded when first asked for, the least recently used u
 from __future__ import annotations
 
 import gc
+import hashlib
 import logging
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from nanomt.core.checkpoint import CheckpointError, checkpoint_weights, find_run_files
+import torch
+
+from nanomt.core.checkpoint import CheckpointError, checkpoint_weights, file_sha256, find_run_files
 from nanomt.core.config import Config, ConfigError, load_config
 from nanomt.core.languages import PLACEHOLDERS, language_pair
 from nanomt.core.tokenizer import Tokenizer
@@ -31,13 +35,35 @@ def served_pair(cfg: Config) -> tuple[str, str]:
     return language_pair(cfg.data) or PLACEHOLDERS
 
 
-def has_shortlist(model: Model) -> bool:
-    """Whether a served model has a vocabulary shortlist beside its weights."""
+def shortlist_file(model: Model) -> Path | None:
+    """A served model's vocabulary shortlist beside its weights, None where it has none."""
     if model.translator is not None and model.path is None:
         directory = model.translator.directory
     else:
         directory = checkpoint_weights(model.path).parent
-    return directory is not None and (directory / SHORTLIST).is_file()
+    path = None if directory is None else directory / SHORTLIST
+    return path if path is not None and path.is_file() else None
+
+
+def has_shortlist(model: Model) -> bool:
+    """Whether a served model has a vocabulary shortlist beside its weights."""
+    return shortlist_file(model) is not None
+
+
+def model_fingerprint(model: Model, int8: bool) -> str:
+    """A hash of what a model's translations depend on besides the request: its weights (their file's, else the
+    tensors'), its tokenizer, its shortlist's table and int8 or not (the sentence cache's key)."""
+    h = hashlib.sha256(b"int8" if int8 else b"float")
+    if model.path is not None:
+        h.update(file_sha256(checkpoint_weights(model.path)).encode())
+    else:
+        for name, tensor in model.translator.model.state_dict().items():
+            h.update(name.encode())
+            h.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    h.update(model.tokenizer.fingerprint().encode())
+    shortlist = shortlist_file(model)
+    h.update(b"no shortlist" if shortlist is None else file_sha256(shortlist).encode())
+    return h.hexdigest()[:32]
 
 
 class NoRoute(ValueError):
@@ -55,6 +81,7 @@ class Model:
     path: str | None = None  # None: given loaded (a Translator), never unloaded
     translator: Translator | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
+    fingerprint: str | None = None  # model_fingerprint, once computed
 
     @property
     def name(self) -> str:
@@ -128,12 +155,23 @@ class ModelSet:
     def sources(self) -> list[str]:
         return sorted({m.source for m in self.models})
 
+    def fingerprint(self, model: Model) -> str:
+        """The model's model_fingerprint, computed once (a weights file is read whole: call it in a thread)."""
+        if model.fingerprint is None:
+            int8 = model.translator.int8 if model.path is None else self.int8
+            model.fingerprint = model_fingerprint(model, int8)
+        return model.fingerprint
+
     def translator(self, model: Model) -> Translator:
         """The model's Translator, loaded now if need be; past max_loaded the least recently used is unloaded."""
         with model.lock:
             if model.translator is None:
                 log.info("loading %s (%s)", model.name, model.path)
                 model.translator = Translator.from_checkpoint(model.path, device=self.device, int8=self.int8)
+                model.fingerprint = model_fingerprint(model, self.int8)  # of the weights just read
+                # The calibration read now: a damaged file is logged once at load, never a failed request.
+                calibrated = model.translator.calibration is not None
+                log.info("loaded %s (%s)", model.name, "calibrated" if calibrated else "no calibration")
                 self.on_load(model)
             self._loaded[model.name] = model
             self._loaded.move_to_end(model.name)

@@ -27,8 +27,7 @@ def serve(config: ServeConfig) -> None:
     if config.device.startswith("cpu"):
         runtime.keep_freed_memory()
     app = create_app(models, config, store)
-    if config.access_log:
-        json_logs()
+    json_logs(config.access_log)
     uvicorn.run(
         app, host=config.host, port=config.port, log_level="info", access_log=False,
         timeout_graceful_shutdown=config.grace_seconds,

@@ -7,7 +7,8 @@
 The interface is small: values by key with an age limit (`put`, `get`, `scan`), bounded groups of them (`put` with
 `bound`: the oldest dropped past it), and a sliding-window counter (`hit`) that is atomic in every backend, so that N
 replicas together give a client its limit, not N times it. Keys are strings under one layout (KEYS below); values
-are bytes. Backend errors are StoreDown; `Guarded` turns them into a fallback while the store is unreachable.
+are bytes. Backend errors are StoreDown; nanomt.serve.breaker.Guarded turns them into a fallback while the store is
+unreachable or hung.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import threading
 import time
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -78,13 +78,16 @@ class Store:
         are kept, the oldest dropped first."""
         raise NotImplementedError
 
-    def scan(self, prefix: str) -> Iterator[tuple[str, bytes]]:
-        """Every live key starting with `prefix`, and its value."""
+    def scan(self, prefix: str) -> list[tuple[str, bytes]]:
+        """Every live key starting with `prefix`, and its value, in key order."""
         raise NotImplementedError
 
     def hit(self, client: str, limit: int, window: float) -> Hit:
         """Count a request of `client` if fewer than `limit` were accepted in the last `window` seconds."""
         raise NotImplementedError
+
+    def ping(self) -> None:
+        """Return if the store answers, else raise StoreDown."""
 
     def close(self) -> None:
         pass
@@ -127,7 +130,7 @@ class MemoryStore(Store):
         now = self._clock()
         with self._lock:
             found = [(k, v) for k, (v, t) in self._values.items() if k.startswith(prefix) and t > now]
-        yield from sorted(found)
+        return sorted(found)
 
     def hit(self, client, limit, window):
         with self._lock:
@@ -221,7 +224,7 @@ class SqliteStore(Store):
             )
             return [(k, bytes(v)) for k, v in rows]
 
-        yield from self._run(fn)
+        return self._run(fn)
 
     def hit(self, client, limit, window):
         def fn(db, now):
@@ -233,6 +236,9 @@ class SqliteStore(Store):
             return Hit(False, _retry(times[-limit], window, now))
 
         return self._run(fn)
+
+    def ping(self):
+        self._run(lambda db, now: db.execute("SELECT 1").fetchone())
 
     def close(self):
         self._db.close()
@@ -306,14 +312,15 @@ class RedisStore(Store):
 
     def scan(self, prefix):
         keys = sorted(self._call(lambda: list(self._client.scan_iter(match=_glob_escape(prefix) + "*", count=1000))))
-        for key in keys:
-            value = self._call(self._client.get, key)
-            if value is not None:
-                yield key.decode(), value
+        values = self._call(self._client.mget, keys) if keys else []
+        return [(k.decode(), v) for k, v in zip(keys, values) if v is not None]
 
     def hit(self, client, limit, window):
         allowed, wait = self._call(self._hit, keys=[client], args=[limit, window, uuid.uuid4().hex])
         return Hit(True) if allowed else Hit(False, max(1, math.ceil(float(wait))))
+
+    def ping(self):
+        self._call(self._client.ping)
 
     def close(self):
         self._client.close()
@@ -349,67 +356,6 @@ def open_store(url: str | None) -> Store:
     raise StoreError(f"{redacted(url)}: not a store (memory://, sqlite:///PATH or redis://HOST:PORT/DB)")
 
 
-class Guarded:
-    """A store as the server uses it: while the backend is down, reads find nothing, writes are skipped, counters
-    answer `fail_open` (allowed) or not, and the outage is logged once when it starts and once when it ends."""
-
-    def __init__(self, store: Store, fail_open: bool = True):
-        self.store, self.fail_open = store, fail_open
-        self.down = False
-        self._lock = threading.Lock()
-
-    @property
-    def url(self) -> str:
-        return self.store.url
-
-    def _failed(self, e: Exception) -> None:
-        with self._lock:
-            if not self.down:
-                self.down = True
-                what = "allowed" if self.fail_open else "refused (503)"
-                log.error("store lost: %s; translating without it, limited requests %s, until it is back", e, what)
-
-    def _ok(self) -> None:
-        if self.down:
-            with self._lock:
-                if self.down:
-                    self.down = False
-                    log.warning("store back: %s", self.store.url)
-
-    def call(self, method: str, *args, fallback=None, **kwargs):
-        """store.method(*args), or `fallback` while the store is down."""
-        try:
-            out = getattr(self.store, method)(*args, **kwargs)
-        except StoreDown as e:
-            self._failed(e)
-            return fallback
-        self._ok()
-        return out
-
-    def get(self, key: str) -> bytes | None:
-        return self.call("get", key)
-
-    def get_many(self, keys: list[str]) -> list[bytes | None]:
-        return self.call("get_many", keys, fallback=[None] * len(keys))
-
-    def put(self, key: str, value: bytes, ttl: float | None = None, bound=None) -> bool:
-        """Whether it was kept."""
-        return self.call("put", key, value, ttl, bound, fallback=False) is not False
-
-    def scan(self, prefix: str) -> list[tuple[str, bytes]]:
-        try:
-            out = list(self.store.scan(prefix))
-        except StoreDown as e:
-            self._failed(e)
-            return []
-        self._ok()
-        return out
-
-    def hit(self, client: str, limit: int, window: float) -> Hit | None:
-        """The counter's answer; None while the store is down and limits fail closed."""
-        return self.call("hit", client, limit, window, fallback=Hit(True) if self.fail_open else None)
-
-
 def digest(text: str) -> str:
     """A short stable hash of a text, for keys (128 bits)."""
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
@@ -426,7 +372,7 @@ class SentenceCache:
 
     GROUP = "cache"
 
-    def __init__(self, store: Guarded, size: int, age: float):
+    def __init__(self, store, size: int, age: float):
         self.store, self.size, self.age = store, size, age
 
     def key(self, model: str, pair: str, setting: str, text: str, prefix: str | None) -> str:
@@ -443,7 +389,7 @@ class SentenceCache:
 class TranslationMemory:
     """Corrections (LibreTranslate's /suggest): a pair's source sentence, whitespace-normalized, and its translation."""
 
-    def __init__(self, store: Guarded):
+    def __init__(self, store):
         self.store = store
 
     def key(self, pair: str, source: str) -> str:
