@@ -3,6 +3,7 @@
 import html
 import io
 import re
+import time
 import zipfile
 from pathlib import Path
 
@@ -224,6 +225,36 @@ def test_word_formatting_follows_its_words_when_they_move():
 def test_markdown_emphasis_follows_its_words_when_they_move():
     out = files.translate_file(b"a **bold** and *it* here\n", "markdown", reversed_upper)
     assert out == b"HERE *IT* AND **BOLD** A\n"
+
+
+def seconds(f, *args) -> float:
+    """The fastest of three runs of f(*args): the least disturbed by whatever else the machine runs."""
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        f(*args)
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+# Openers nothing on the line closes: an HTML comment, a backtick after an escaped one (no lone backtick follows),
+# a link title in parentheses. A search for the closer from each of them made the line's time quadratic.
+@pytest.mark.parametrize("opener, n", [("<!--", 4000), ("\\``", 3000), ("]( (", 8000)])
+def test_a_markdown_line_of_unclosed_openers_parses_in_linear_time(opener, n):
+    small, large = ("der Hund " + opener * (k // len(opener)) for k in (n, 8 * n))
+    assert seconds(files._markdown_line, large, []) < 3 * 8 * seconds(files._markdown_line, small, [])  # not 64x
+    items = files._markdown_line(small, [])
+    assert files.joined(items) == small
+    assert all(len(str(i.raw)) <= len(opener) for i in items if isinstance(i, markup.Tag))  # none closed
+
+
+def test_markdown_pieces_after_a_code_span_and_link_titles_read_as_commonmark_reads_them():
+    def tags(line):
+        return [i.raw for i in files._markdown_line(line, []) if isinstance(i, markup.Tag)]
+
+    assert tags("`a <!--` [l](u) -->") == ["`a <!--`", "[", "](u)"]  # a comment opened inside code is no comment
+    assert tags("[a](u (t\\(x\\))) b") == ["[", "](u (t\\(x\\)))"]  # escaped parentheses in a title
+    assert tags("[a](u (t(x))) b") == ["[", "]"]  # an unescaped one: no link
 
 
 def test_empty_file_gives_an_empty_file():

@@ -3,6 +3,7 @@
 import html
 import random
 import re
+import time
 
 import numpy as np
 import pytest
@@ -458,6 +459,29 @@ def test_malformed_html_is_translated_as_well_as_it_can_be_and_never_raises():
         # Nothing is lost: the characters a reader sees (entities resolved, whitespace aside) are all there.
         assert sorted("".join(html.unescape(out).split())) == sorted("".join(html.unescape(doc).split())), doc
         markup.translate_html([doc], Fake(shuffled, subwords=True))
+
+
+def seconds(f, *args) -> float:
+    """The fastest of three runs of f(*args): the least disturbed by whatever else the machine runs."""
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        f(*args)
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+# Markup that nothing after it closes, repeated to the end: the standard parser's close() searched for its end again
+# from each one. "ľ" (U+013E) has the low byte of ">": str.find cannot skip ahead with memchr, so the declaration's
+# quadratic time shows at a test's size.
+@pytest.mark.parametrize(
+    "unclosed, n", [("<!--", 10000), ("<!-- x >", 10000), ("<?", 40000), ("<!ľ", 20000), ("</a", 40000), ("<a b", 4000)]
+)
+def test_unclosed_markup_parses_in_linear_time_and_is_kept_as_it_is(unclosed, n):
+    small, large = ("<p>der Hund " + unclosed * (k // len(unclosed)) for k in (n, 8 * n))
+    assert seconds(markup.html_parts, large) < 3 * 8 * seconds(markup.html_parts, small)  # not 64x
+    out = markup.translate_html([small], markup.plain(lambda xs: [x.upper() for x in xs]))[0]
+    assert out == "<p>DER HUND " + small.removeprefix("<p>der Hund ")
 
 
 def test_deep_nesting_and_long_paragraphs_do_not_break_the_placement():

@@ -11,6 +11,8 @@ import importlib
 import io
 import re
 import zipfile
+from bisect import bisect_left
+from collections import defaultdict
 from collections.abc import Callable
 from pathlib import PurePath
 
@@ -161,12 +163,15 @@ MD_INLINE = re.compile(
     r"""(?P<code>`+)
     | (?P<escape>\\[!-/:-@\[-`{-~])
     | (?P<auto><(?:[A-Za-z][A-Za-z0-9+.-]{1,31}:[^\s<>]*|[^\s<>@]+@[^\s<>@]+)>)
-    | (?P<html><!--.*?-->|</?[A-Za-z][A-Za-z0-9-]*(?:\s[^<>]*)?/?>)
+    | (?P<comment><!--)
+    | (?P<html></?[A-Za-z][A-Za-z0-9-]*(?:\s[^<>]*)?/?>)
     | (?P<open>!?\[)
-    | (?P<close>\](?:\((?:[^()\s]|\([^()\s]*\))*(?:\s+(?:"[^"]*"|'[^']*'|\([^)]*\)))?\s*\)|\[[^\]]*\])?)
+    | (?P<close>\](?:\((?:[^()\s]|\([^()\s]*\))*(?:\s+(?:"[^"]*"|'[^']*'|\((?:[^()\\]|\\.)*\)))?\s*\)|\[[^\]]*\])?)
     | (?P<delim>\*+|_+|~~)""",
-    re.VERBOSE | re.DOTALL,
+    re.VERBOSE,
 )
+# What closes a code span (a run of as many backticks as opened it, no more, no fewer) and an HTML comment.
+CLOSER = re.compile(r"`+|-->")
 PUNCTUATION = re.compile(r"[^\w\s]")
 
 
@@ -188,20 +193,32 @@ def _delimiter(line: str, a: int, b: int, pending: list[str]) -> Item:
     return Tag("close", run, run) if right else Text(run)
 
 
+def _closers(line: str) -> dict[str, list[int]]:
+    """Where each closer in line starts, by its text. Looked up rather than searched for: a search for a closer that
+    is not there runs to the end of the line, and a line of openers ran one from each (quadratic)."""
+    found = defaultdict(list)
+    for m in CLOSER.finditer(line):
+        found[m.group()].append(m.start())
+    return found
+
+
 def _markdown_line(line: str, pending: list[str]) -> list[Item]:
     """One line of a Markdown block as text and tags: code, links' targets, emphasis markers and HTML are tags."""
-    items, at = [], 0
-    for m in MD_INLINE.finditer(line):
-        if m.start() < at:
-            continue
+    items, at, closers = [], 0, _closers(line)
+    # Each search starts where the last piece ended: a match begun inside a code span or comment would hide what
+    # follows it.
+    while m := MD_INLINE.search(line, at):
         items += text_items(line[at : m.start()])
         kind, raw, at = m.lastgroup, m.group(), m.end()
-        if kind == "code":
-            end = re.compile(rf"(?<!`){raw}(?!`)").search(line, m.end())
-            if end is None:
+        if kind in ("code", "comment"):
+            closer = raw if kind == "code" else "-->"
+            starts = closers.get(closer, [])
+            k = bisect_left(starts, m.end())
+            if k == len(starts):  # never closed: the opener is text
                 items.append(Text(raw))
                 continue
-            raw, at = line[m.start() : end.end()], end.end()
+            at = starts[k] + len(closer)
+            raw = line[m.start() : at]
         if kind == "delim":
             items.append(_delimiter(line, m.start(), m.end(), pending))
         elif kind in ("open", "close"):

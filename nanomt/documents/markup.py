@@ -518,15 +518,23 @@ class _EventParser(HTMLParser):
 
     handle_decl = handle_pi = unknown_decl = handle_comment
 
+    def unclosed(self) -> bool:
+        """After feed: whether it stopped at a comment, tag or declaration that nothing after it closes (not at a lone
+        "<" at the end, which close() makes text, nor inside a script or style)."""
+        return len(self.rawdata) > 1 and self.rawdata[0] == "<" and self.cdata_elem is None
+
 
 def _html_events(doc: str) -> list[_Event]:
-    """The document's pieces in order; where the standard parser gives up, the character it stopped at is text."""
+    """The document's pieces in order; where the standard parser gives up, the character it stopped at is text, and
+    markup that never closes runs to the end of the document (as in HTML5), kept as it is."""
     newlines = [i for i, c in enumerate(doc) if c == "\n"]
     events, base = [], 0
     for _ in range(MAX_RESTARTS):
         parser = _EventParser(base, newlines)
         try:
             parser.feed(doc[base:])
+            if parser.unclosed():  # close() would make it text and retry at each later "<", searching to the end
+                return events + parser.events + [_Event("other", parser.position())]
             parser.close()
             return events + parser.events
         except Exception:  # e.g. AssertionError on "<![foo[" from _markupbase
