@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import PurePath
 
 from nanomt.documents import markup
+from nanomt.documents.limits import MAX_FILE_BYTES, MAX_TEXT_CHARS, UNZIPPED_PER_BYTE
 from nanomt.documents.markup import Item, Tag, Text, Translate
 
 # Format of each file name suffix, and the media type each format is sent back with.
@@ -37,9 +38,8 @@ MEDIA_TYPES = {
     "srt": "application/x-subrip",
     "docx": "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
 }
-MAX_FILE_BYTES = 10 * 2**20  # the largest file accepted
-MAX_TEXT_CHARS = 500_000  # the most characters of text one file may send to the model
-MAX_UNZIPPED_BYTES = 100 * 2**20  # the most a .docx may unpack to (a zip bomb is refused before it is read)
+# The largest file taken, and how much a zipped one may unpack to (a zip bomb is refused before it is read).
+MAX_UNZIPPED_BYTES = UNZIPPED_PER_BYTE * MAX_FILE_BYTES
 
 
 class FileError(ValueError):
@@ -64,16 +64,26 @@ def file_format(filename: str) -> str:
 
 
 def translate_file(
-    data: bytes, fmt: str, translate: Translate, split: markup.Split | None = None, max_chars: int = MAX_TEXT_CHARS
+    data: bytes,
+    fmt: str,
+    translate: Translate,
+    split: markup.Split | None = None,
+    max_chars: int | None = None,
+    max_bytes: int | None = None,
 ) -> bytes:
-    """A file's bytes translated into a file of the same format; an empty file gives an empty file."""
+    """A file's bytes translated into a file of the same format; an empty file gives an empty file. At most
+    `max_bytes` (MAX_FILE_BYTES when None), unzipped to at most UNZIPPED_PER_BYTE times that, and `max_chars` of
+    text (MAX_TEXT_CHARS when None)."""
     if fmt not in HANDLERS:
         raise UnsupportedFile(f"unsupported format {fmt!r}; supported: {', '.join(HANDLERS)}")
-    if len(data) > MAX_FILE_BYTES:
-        raise FileTooLarge(f"the file has {len(data):,} bytes; the limit is {MAX_FILE_BYTES:,}")
+    max_bytes = max_bytes or MAX_FILE_BYTES
+    if len(data) > max_bytes:
+        raise FileTooLarge(f"the file has {len(data):,} bytes; the limit is {max_bytes:,}")
     if not data:
         return b""
-    return HANDLERS[fmt](data, _limited(translate, max_chars), split)
+    unzipped = min(MAX_UNZIPPED_BYTES, UNZIPPED_PER_BYTE * max_bytes)
+    limited = _limited(translate, min(max_chars or MAX_TEXT_CHARS, MAX_TEXT_CHARS))
+    return HANDLERS[fmt](data, limited, split, unzipped)
 
 
 def _limited(translate: Translate, max_chars: int) -> Translate:
@@ -129,7 +139,7 @@ def _encode(text: str, data: bytes) -> bytes:
 LINE = re.compile(r"([^\n]*?)(\r?\n|$)")
 
 
-def _translate_text(data: bytes, translate: Translate, split: markup.Split | None) -> bytes:
+def _translate_text(data: bytes, translate: Translate, split: markup.Split | None, _unzipped: int) -> bytes:
     """Plain text: each line is a paragraph; blank lines, indentation and line endings stay as they were."""
     text = _decode(data, "text")
     lines = [m.groups() for m in LINE.finditer(text) if m.group()]
@@ -141,7 +151,7 @@ def _translate_text(data: bytes, translate: Translate, split: markup.Split | Non
 META_CHARSET = re.compile(rb"""<meta[^>]*?charset\s*=\s*["']?\s*([A-Za-z0-9_.:-]+)""", re.IGNORECASE)
 
 
-def _translate_html(data: bytes, translate: Translate, split: markup.Split | None) -> bytes:
+def _translate_html(data: bytes, translate: Translate, split: markup.Split | None, _unzipped: int) -> bytes:
     """HTML: sentences translated with their inline tags (markup), written in the document's own charset."""
     found = META_CHARSET.search(data[:4096])
     charset = found.group(1).decode("ascii") if found and not data.startswith(codecs.BOM_UTF8) else "UTF-8"
@@ -269,7 +279,7 @@ def _markdown_regions(doc: str) -> tuple[list[tuple[int, int, list[Item]]], list
     return blocks, html_blocks
 
 
-def _translate_markdown(data: bytes, translate: Translate, split: markup.Split | None) -> bytes:
+def _translate_markdown(data: bytes, translate: Translate, split: markup.Split | None, _unzipped: int) -> bytes:
     """Markdown: text blocks translated with emphasis, links and inline code kept; code blocks untouched."""
     text = _decode(data, "Markdown")
     crlf = "\r\n" in text
@@ -299,7 +309,7 @@ def _srt_items(content: str) -> list[Item]:
     return items
 
 
-def _translate_srt(data: bytes, translate: Translate, split: markup.Split | None) -> bytes:
+def _translate_srt(data: bytes, translate: Translate, split: markup.Split | None, _unzipped: int) -> bytes:
     """Subtitles (SRT): each subtitle's text translated, its timing, numbering and line count kept."""
     srt = _library("srt", "srt")
     text = _decode(data, "SRT")
@@ -417,9 +427,9 @@ class _Loose:
         return edged(after) and not edged(before)
 
 
-def _translate_docx(data: bytes, translate: Translate, split: markup.Split | None) -> bytes:
+def _translate_docx(data: bytes, translate: Translate, split: markup.Split | None, unzipped: int) -> bytes:
     """Word (.docx): paragraphs of the body, tables, headers and footers translated; runs keep their formatting."""
-    _check_zip(data)
+    _check_zip(data, unzipped)
     docx = _library("docx", "python-docx")
     try:
         document = docx.Document(io.BytesIO(data))
@@ -443,18 +453,19 @@ def _translate_docx(data: bytes, translate: Translate, split: markup.Split | Non
     return out.getvalue()
 
 
-def _check_zip(data: bytes) -> None:
-    """Refuse what is not a zip archive, and an archive that would unpack to more than MAX_UNZIPPED_BYTES."""
+def _check_zip(data: bytes, limit: int) -> None:
+    """Refuse what is not a zip archive, and an archive that would unpack to more than `limit` bytes."""
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
             unpacked = sum(info.file_size for info in archive.infolist())
     except zipfile.BadZipFile:
         raise UnsupportedFile("not a valid Word .docx file (not a zip archive)") from None
-    if unpacked > MAX_UNZIPPED_BYTES:
-        raise FileTooLarge(f"the .docx unpacks to {unpacked:,} bytes; the limit is {MAX_UNZIPPED_BYTES:,}")
+    if unpacked > limit:
+        raise FileTooLarge(f"the .docx unpacks to {unpacked:,} bytes; the limit is {limit:,}")
 
 
-HANDLERS: dict[str, Callable[[bytes, Translate, markup.Split | None], bytes]] = {
+# Each format's handler: (bytes, translate, split, the most a zipped format may unpack to) -> bytes.
+HANDLERS: dict[str, Callable[[bytes, Translate, markup.Split | None, int], bytes]] = {
     "text": _translate_text,
     "html": _translate_html,
     "markdown": _translate_markdown,

@@ -90,9 +90,19 @@ def html(docs: Sequence[str], align: markup.Translate, n_best: NBestTranslate, s
     return markup.translate_html(list(docs), sentences(align, n_best, source), source.split)
 
 
-def document_file(data: bytes, fmt: str, align: markup.Translate, n_best: NBestTranslate, source: Source) -> bytes:
-    """A file (files.FORMATS) translated into a file of the same format; files.FileError if it cannot be."""
-    return files.translate_file(data, fmt, sentences(align, n_best, source), source.split)
+def document_file(
+    data: bytes,
+    fmt: str,
+    align: markup.Translate,
+    n_best: NBestTranslate,
+    source: Source,
+    max_bytes: int | None = None,
+    max_chars: int | None = None,
+) -> bytes:
+    """A file (files.FORMATS) translated into a file of the same format; files.FileError if it cannot be (past
+    `max_bytes` or `max_chars` of text, each files.translate_file's default when None)."""
+    translate = sentences(align, n_best, source)
+    return files.translate_file(data, fmt, translate, source.split, max_chars=max_chars, max_bytes=max_bytes)
 
 
 def for_translator(

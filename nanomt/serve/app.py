@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hmac
 import logging
 import time
 from contextlib import asynccontextmanager
@@ -23,14 +22,15 @@ from nanomt.decoding import calibration
 from nanomt.decoding.translate import Translator
 from nanomt.documents import markup
 from nanomt.serve import api, confidence, libretranslate, page
+from nanomt.serve.access import Access, Client
 from nanomt.serve.batching import Batcher, Closed, JobTimeout, QueueFull
+from nanomt.serve.bodies import BodyLimit
 from nanomt.serve.breaker import Guarded
 from nanomt.serve.errors import add_error_handlers, error
-from nanomt.serve.keys import WINDOW_S, KeyRing, Limits
 from nanomt.serve.metrics import ServerMetrics, add_observer
 from nanomt.serve.models import Model, ModelSet
 from nanomt.serve.settings import MAX_BEAM, ServeConfig
-from nanomt.serve.store import KEYS, Hit, MemoryStore, SentenceCache, Store, TranslationMemory, open_store
+from nanomt.serve.store import MemoryStore, SentenceCache, Store, TranslationMemory, open_store
 from nanomt.serve.workers import Busy, Expired, Pool, Pools
 
 log = logging.getLogger("nanomt.serve")
@@ -51,14 +51,12 @@ class Server:
         self.engine = Batcher(
             self.run, budget, config.max_wait_ms / 1000, config.queue_size, self.metrics.batch, shared=config.batching
         )
-        defaults = Limits(config.req_limit, config.char_limit)
-        self.keys = KeyRing.load(config.keys_file, defaults) if config.keys_file else None
-        self.anonymous = defaults
         self.store = Guarded(store if store is not None else open_store(config.store), not config.limits_fail_closed)
         self._inline = isinstance(self.store.store, MemoryStore)  # microseconds: no thread hop for it
         self.cache = SentenceCache(self.store, config.cache_size, config.cache_age) if config.cache_size else None
         self.memory = TranslationMemory(self.store)
         self.pools = Pools()
+        self.access = Access(config, self.store, self.io)
 
     def defaults(self, model: Model) -> Decoding:
         """A model's settings for requests that change none: its config's, with the server's beam and glossary."""
@@ -207,59 +205,11 @@ class Server:
 
     @property
     def key_required(self) -> bool:
-        return self.config.api_key is not None or self.keys is not None
+        return self.access.key_required
 
-    def client_address(self, request: Request) -> str:
-        """The request's client: the connection's address, or behind a trusted proxy (--forwarded-allow-ips) the
-        nearest address of X-Forwarded-For that is no trusted proxy (with '*', every proxy is: the first one)."""
-        address = request.client.host if request.client else "unknown"
-        trusted = self.config.trusted_proxies
-        if not trusted or not ("*" in trusted or address in trusted):
-            return address
-        hops = [h.strip() for h in request.headers.get("x-forwarded-for", "").split(",") if h.strip()]
-        if "*" in trusted:
-            return hops[0] if hops else address
-        return next((hop for hop in reversed(hops) if hop not in trusted), hops[0] if hops else address)
-
-    async def check_key(self, request: Request, given: str | None, chars: int = 0) -> None:
-        """403 unless the request carries a key of the server (body api_key, Authorization: Bearer, or X-API-Key)
-        where one is required; 413 past the client's characters a request and 429 (Retry-After) past its requests
-        a minute: a key's (its line's, else the server's), or without one the server's per client address.
-        Requests are counted in the store, so that every replica sharing it counts them together."""
-        auth = request.headers.get("authorization", "")
-        given = given or (auth[7:].strip() if auth[:7].lower() == "bearer " else request.headers.get("x-api-key"))
-        key = self.config.api_key
-        if (
-            key is not None
-            and given
-            and hmac.compare_digest(given.encode("utf-8", "surrogatepass"), key.encode("utf-8", "surrogatepass"))
-        ):
-            return
-        found = self.keys.find(given) if self.keys is not None else None
-        if found is None and self.key_required:
-            raise HTTPException(403, "missing or wrong API key (send api_key, or the header Authorization: Bearer)")
-        if found is not None:
-            request.state.key = found.name
-            limits, client, whose = found.limits, f"key:{found.name}", "this key's"
-        else:
-            limits, client, whose = self.anonymous, f"ip:{self.client_address(request)}", "the server's"
-        if not limits.allows_chars(chars):
-            raise HTTPException(413, f"{chars} characters in one request; {whose} limit is {limits.char_limit}")
-        if limits.req_limit is None:
-            return
-        closed = None if not self.store.fail_open else Hit(True)
-        hit = await self.io(
-            self.store.hit, KEYS["rate"].format(client=client), limits.req_limit, WINDOW_S, fallback=closed
-        )
-        if hit is None:
-            raise HTTPException(503, "rate limits unavailable: the store is unreachable", headers={"Retry-After": "5"})
-        if not hit.allowed:
-            who = "this key" if found is not None else "this address"
-            raise HTTPException(
-                429,
-                f"more than {limits.req_limit} requests a minute for {who}; retry in {hit.retry_after} s",
-                headers={"Retry-After": str(hit.retry_after)},
-            )
+    async def check_key(self, request: Request, given: str | None, chars: int = 0) -> Client:
+        """The request's client, or its 403, 413, 429 or 503 (nanomt.serve.access.Access.admit)."""
+        return await self.access.admit(request, given, chars)
 
 
 def check_calibrated(models: ModelSet) -> None:
@@ -309,8 +259,8 @@ def create_app(
     libretranslate.add_routes(app, server)
     _add_probes(app, server)
     page.add_routes(app)
-    # UTF-8 text is at most 4 bytes a character; the slack covers JSON syntax and escapes.
-    add_observer(app, server.metrics, 6 * config.max_chars + 65_536)
+    app.add_middleware(BodyLimit, limit=config.body_limit)  # inside the observer, which counts its 413s
+    add_observer(app, server.metrics)
     app.state.server, app.state.engine, app.state.metrics = server, server.engine, server.metrics
     return app
 

@@ -78,6 +78,6 @@ class Guarded:
     def scan(self, prefix: str) -> list[tuple[str, bytes]]:
         return self.call("scan", prefix, fallback=[])
 
-    def hit(self, client: str, limit: int, window: float) -> Hit | None:
+    def hit(self, client: str, limit: int, window: float, count: bool = True) -> Hit | None:
         """The counter's answer; None while the store is down and limits fail closed."""
-        return self.call("hit", client, limit, window, fallback=Hit(True) if self.fail_open else None)
+        return self.call("hit", client, limit, window, count, fallback=Hit(True) if self.fail_open else None)

@@ -106,9 +106,14 @@ class Route:
         step = lambda hop, docs: dt.html(docs, hop.align, hop.n_best, hop.source)  # noqa: E731
         return await self._each(self.server.pools.documents, docs, step)
 
-    async def file(self, data: bytes, fmt: str) -> bytes:
-        """A file translated into one of the same format (files.FileError when it cannot be)."""
-        step = lambda hop, data: dt.document_file(data, fmt, hop.align, hop.n_best, hop.source)  # noqa: E731
+    async def file(self, data: bytes, fmt: str, max_chars: int | None = None) -> bytes:
+        """A file translated into one of the same format, of at most `max_chars` characters of text (else the
+        documents' limit): files.FileError when it cannot be."""
+        limit = self.server.config.files_max_bytes
+
+        def step(hop: Hop, data: bytes) -> bytes:
+            return dt.document_file(data, fmt, hop.align, hop.n_best, hop.source, limit, max_chars)
+
         return await self._each(self.server.pools.files, data, step)
 
     async def sentences(self, texts: list[str], prefixes: list[str | None] | None = None) -> list[str]:

@@ -3,17 +3,17 @@
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from pathlib import PurePath
-from typing import Annotated
 from urllib.parse import quote
 
-from fastapi import FastAPI, File, Form, HTTPException, Request, UploadFile
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import Response
+from pydantic import BaseModel, Field, StrictStr
+from starlette.datastructures import UploadFile
 
 from nanomt.documents import files
-from nanomt.serve.errors import ERRORS
+from nanomt.serve.errors import ERRORS, FORM, MULTIPART, Refused, invalid, validate
 from nanomt.serve.store import KEYS
 
 KEEP_FILES = 32  # translated files kept for download, the oldest dropped first
@@ -42,40 +42,67 @@ class TranslatedFiles:
         return data, media_type.decode()
 
 
+class FileFields(BaseModel):
+    """/translate_file's form fields beside the file."""
+
+    source: StrictStr = Field(min_length=1, description="source language code")
+    target: StrictStr = Field(min_length=1, description="target language code")
+    api_key: StrictStr | None = Field(default=None, description="the server's API key, when it asks for one")
+
+
+def file_body(formats: str) -> dict:
+    """/translate_file's request body in the OpenAPI schema (the form is read by hand, after the body's bound)."""
+    fields = FileFields.model_json_schema()
+    properties = {"file": {"type": "string", "format": "binary", "description": f"a {formats} file"}}
+    properties.update(fields["properties"])
+    schema = {"type": "object", "required": ["file", *fields["required"]], "properties": properties}
+    return {"required": True, "content": {MULTIPART: {"schema": schema}}}
+
+
+def read_file_form(form) -> tuple[str, UploadFile, FileFields]:
+    """The uploaded file's name and bytes and the form's fields; a 422 naming what is missing or invalid."""
+    upload = form.get("file")
+    fields = validate(FileFields, {k: v for k, v in form.items() if k != "file"})
+    if not isinstance(upload, UploadFile):
+        what = "Field required" if upload is None else "a file is expected, not a text field"
+        raise Refused(invalid([{"type": "missing", "loc": ("body", "file"), "msg": what}]))
+    return upload.filename or "file", upload, fields
+
+
 def add_routes(app: FastAPI, server, routed) -> None:
     """POST /translate_file and GET /download_file/{name}; `routed(request, source, target)` gives a request's
     Route (LibreTranslate's routing: a 400 naming a language not served)."""
     kept = TranslatedFiles(server.store)
 
-    @app.post("/translate_file", responses=ERRORS)
-    async def translate_file(
-        request: Request,
-        file: Annotated[UploadFile, File(description="a .txt, .html, .md, .srt or .docx file")],
-        source: Annotated[str, Form(min_length=1, description="source language code")],
-        target: Annotated[str, Form(min_length=1, description="target language code")],
-        api_key: Annotated[str | None, Form(description="the server's API key, when it asks for one")] = None,
-    ) -> dict:
+    @app.post("/translate_file", responses=ERRORS, openapi_extra={"requestBody": file_body(", ".join(files.FORMATS))})
+    async def translate_file(request: Request) -> dict:
         """Translate a file, keeping its formatting; download it from the URL in the answer."""
-        name = file.filename or "file"
+        content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if content_type not in (MULTIPART, FORM):  # a urlencoded form has no file: a 422 that names it
+            raise HTTPException(415, f"send the file as {MULTIPART} (fields file, source, target, api_key)")
+        limit = server.config.files_max_bytes
+        # Uploads are spooled (to disk past 1 MiB) while the form is read and removed when it closes.
+        async with request.form(max_files=1, max_fields=len(FileFields.model_fields)) as form:
+            name, upload, fields = read_file_form(form)
+            data = await upload.read(limit + 1)
+        if len(data) > limit:
+            raise HTTPException(413, f"{name}: larger than the limit of {limit:,} bytes")
         try:
             fmt = files.file_format(name)
         except files.UnsupportedFile as e:
             raise HTTPException(415, str(e)) from None
-        data = await file.read(files.MAX_FILE_BYTES + 1)
-        if len(data) > files.MAX_FILE_BYTES:
-            raise HTTPException(413, f"{name}: larger than the limit of {files.MAX_FILE_BYTES:,} bytes")
-        await server.check_key(request, api_key, len(data))  # a file's bytes count against a key's characters
-        if source == "auto":
+        client = await server.check_key(request, fields.api_key)
+        if fields.source == "auto":
             raise HTTPException(400, "source auto: give the file's source language")
         try:
-            translated = await routed(request, source, target).file(data, fmt)
+            translated = await routed(request, fields.source, fields.target).file(data, fmt, client.limits.char_limit)
         except files.FileTooLarge as e:
             raise HTTPException(413, f"{name}: {e}") from None
         except files.UnsupportedFile as e:
             raise HTTPException(415, f"{name}: {e}") from None
         except files.FileError as e:
             raise HTTPException(400, f"{name}: {e}") from None
-        stored = await asyncio.to_thread(kept.add, name, translated, fmt)
+        stored = await server.io(kept.add, name, translated, fmt, fallback=None)
         if stored is None:
             raise HTTPException(503, "the translated file cannot be kept: the store is unreachable")
         return {"translatedFileUrl": f"{request.base_url}download_file/{stored}"}
@@ -86,7 +113,7 @@ def add_routes(app: FastAPI, server, routed) -> None:
     )
     async def download_file(name: str) -> Response:
         """A translated file, by the name /translate_file gave."""
-        found = await asyncio.to_thread(kept.get, name)
+        found = await server.io(kept.get, name, fallback=None)
         if found is None and server.store.down:
             raise HTTPException(503, "the store is unreachable: retry later", headers={"Retry-After": "5"})
         if found is None:

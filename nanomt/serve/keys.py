@@ -5,9 +5,11 @@ The keys file holds one key a line, as its SHA-256 hash, with optional per-key l
     # name and limits are optional; a limit left out is the server's default
     sha256:<64 hex digits>  name=alice  req_limit=60  char_limit=5000
     sha256:<64 hex digits>  name=batch-jobs  req_limit=none
+    sha256:<64 hex digits>  name=reviewer  trusted=yes
 
 req_limit is requests per minute (a sliding window of 60 s), char_limit characters per request; `none` means no
-limit. Keys are random tokens (`new_key`), so one unsalted SHA-256 is enough to keep them unreadable at rest while a
+limit. trusted=yes: the key's corrections (POST /suggest) answer every user at once; anyone else's wait for review.
+Keys are random tokens (`new_key`), so one unsalted SHA-256 is enough to keep them unreadable at rest while a
 request's key is found with one hash; `python -m nanomt.serve.keys new|hash` writes the lines.
 """
 
@@ -25,7 +27,7 @@ from pathlib import Path
 HASH_PREFIX = "sha256:"
 HASH_RE = re.compile(r"sha256:([0-9a-f]{64})")
 NAME_RE = re.compile(r"[A-Za-z0-9_.@-]{1,64}")
-FIELDS = ("name", "req_limit", "char_limit")
+FIELDS = ("name", "req_limit", "char_limit", "trusted")
 WINDOW_S = 60.0  # req_limit counts requests per minute
 
 
@@ -53,11 +55,13 @@ class Limits:
 
 @dataclass(frozen=True)
 class ApiKey:
-    """One key of the file: a name for logs and metrics (never the key), the key's hash and its limits."""
+    """One key of the file: a name for logs and metrics (never the key), the key's hash, its limits, and whether its
+    corrections are trusted."""
 
     name: str
     digest: bytes  # SHA-256 of the key
     limits: Limits
+    trusted: bool = False
 
 
 def new_key() -> str:
@@ -74,11 +78,14 @@ def _digest(key: str) -> bytes:
     return hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()
 
 
-def key_line(key: str, name: str | None = None, req_limit: int | str | None = None, char_limit=None) -> str:
+def key_line(
+    key: str, name: str | None = None, req_limit: int | str | None = None, char_limit=None, trusted: bool = False
+) -> str:
     """The keys file line of a plain key, with the limits given (those left out are the server's defaults; "none":
-    no limit)."""
+    no limit), trusted=yes for a key whose corrections answer every user."""
     fields = [hash_key(key)]
-    fields += [f"{k}={v}" for k, v in (("name", name), ("req_limit", req_limit), ("char_limit", char_limit)) if v]
+    given = (("name", name), ("req_limit", req_limit), ("char_limit", char_limit), ("trusted", "yes" * trusted))
+    fields += [f"{k}={v}" for k, v in given if v]
     return "  ".join(fields)
 
 
@@ -156,7 +163,10 @@ def _parse_line(line: str, default: Limits) -> ApiKey:
         req_limit=_limit(fields, "req_limit", default.req_limit),
         char_limit=_limit(fields, "char_limit", default.char_limit),
     )
-    return ApiKey(name=name, digest=bytes.fromhex(match.group(1)), limits=limits)
+    trusted = fields.get("trusted", "no")
+    if trusted not in ("yes", "no"):
+        raise ValueError(f"trusted={trusted}: yes or no")
+    return ApiKey(name=name, digest=bytes.fromhex(match.group(1)), limits=limits, trusted=trusted == "yes")
 
 
 def _limit(fields: dict[str, str], name: str, default: int | None) -> int | None:
@@ -188,6 +198,9 @@ def main(argv: list[str] | None = None) -> None:
     for name, help_ in (("new", "make a random key; print it and its line"), ("hash", "the line of a key on stdin")):
         s = sub.add_parser(name, help=help_)
         s.add_argument("--name", default=None, help="the key's name in logs and metrics")
+        s.add_argument(
+            "--trusted", action="store_true", help="its corrections (POST /suggest) answer every user without review"
+        )
         for flag, what in (("--req-limit", "requests per minute"), ("--char-limit", "characters per request")):
             s.add_argument(flag, type=_limit_arg, default=None, help=f"{what}, or none (default: the server's)")
     args = p.parse_args(argv)
@@ -204,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
         key = sys.stdin.readline().strip()
         if not key:
             p.error("no key on stdin")
-    print(key_line(key, args.name, args.req_limit, args.char_limit))
+    print(key_line(key, args.name, args.req_limit, args.char_limit, args.trusted))
 
 
 if __name__ == "__main__":

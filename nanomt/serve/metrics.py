@@ -12,7 +12,6 @@ from fastapi import FastAPI, Request
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from nanomt.serve.batching import Batch
-from nanomt.serve.errors import error
 
 access_log = logging.getLogger("nanomt.access")
 
@@ -77,8 +76,8 @@ class ServerMetrics:
         return generate_latest(self.registry)
 
 
-def add_observer(app: FastAPI, metrics: ServerMetrics, max_bytes: int) -> None:
-    """Refuse an oversized body before it is read; count, time and log (one JSON line) every request."""
+def add_observer(app: FastAPI, metrics: ServerMetrics) -> None:
+    """Count, time and log (one JSON line) every request."""
     routes = {getattr(r, "path", "") for r in app.routes}
 
     @app.middleware("http")
@@ -86,11 +85,7 @@ def add_observer(app: FastAPI, metrics: ServerMetrics, max_bytes: int) -> None:
         start = time.perf_counter()
         status = 500
         try:
-            length = request.headers.get("content-length", "")
-            if length.isdigit() and int(length) > max_bytes:
-                response = error(413, f"request body of {length} bytes; the limit is {max_bytes}")
-            else:
-                response = await call_next(request)
+            response = await call_next(request)
             status = response.status_code
             return response
         finally:

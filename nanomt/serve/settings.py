@@ -5,13 +5,16 @@ Standard library only (the glossary reader imported when a file is read): `nanom
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
 from dataclasses import MISSING, dataclass, field
 
 from nanomt.core.languages import PAIR_CODE
+from nanomt.documents.limits import MAX_FILE_BYTES
 
 MAX_BEAM = 16
+BODY_SLACK = 65_536  # bytes of JSON syntax and escapes, or of a form's headers and fields, beyond the content
 # Each language pair is served by one run: "runs/de_en", or "de-en=runs/de_en" to name its pair.
 PAIR_SPEC = re.compile(rf"^(?P<source>{PAIR_CODE})-(?P<target>{PAIR_CODE})=(?P<path>.+)$")
 
@@ -43,6 +46,18 @@ def read_glossary_file(path: str) -> tuple[tuple[str, str], ...]:
     return read_glossary(path)
 
 
+def proxy_networks(text: str | None) -> tuple:
+    """Comma-separated addresses and networks as ip_network values; '*' and any other entry (a name, a socket path)
+    kept as text, matched exactly, as uvicorn's --forwarded-allow-ips takes them."""
+    out = []
+    for entry in filter(None, (a.strip() for a in (text or "").split(","))):
+        try:
+            out.append(ipaddress.ip_network(entry, strict=False))
+        except ValueError:
+            out.append(entry)
+    return tuple(out)
+
+
 def setting(default=MISSING, *, help: str, flag: str | None = None, metavar: str | None = None, read=None, **kw):
     """A ServeConfig field that `nanomt serve` takes: its flag is --NAME (or `flag`; "" for the positional
     argument), its type the field's, its default the field's (%(default)s in `help` shows it). A bool flag flips
@@ -64,6 +79,11 @@ class ServeConfig:
     port: int = setting(8000, help="port to listen on (default %(default)s)")
     max_sentences: int = setting(64, help="sentences a request may hold (default %(default)s)")
     max_chars: int = setting(10_000, help="characters a request may hold (default %(default)s)")
+    file_limit: int | None = setting(
+        None,
+        help=f"bytes of a file /translate_file takes (default {MAX_FILE_BYTES:,}, as the page says); a body is "
+        "refused (413) as soon as it streams past its limit, before any of it is kept",
+    )
     default_beam: int | None = setting(None, flag="--beam", help="default beam size (default: each model's)")
     max_batch_tokens: int | None = setting(
         None,
@@ -111,8 +131,9 @@ class ServeConfig:
     forwarded_allow_ips: str | None = setting(
         None,
         metavar="IPS",
-        help="comma-separated addresses of trusted reverse proxies ('*': any): a request from one of them is counted "
-        "against the client address of its X-Forwarded-For header (default: none, the connection's address)",
+        help="comma-separated addresses or networks (CIDR) of trusted reverse proxies ('*': any sender): a request "
+        "from one of them is counted against the rightmost address of its X-Forwarded-For header that is no trusted "
+        "proxy (the addresses left of it are the client's to write); default: none, the connection's address",
     )
     store: str = setting(
         "memory://",
@@ -177,7 +198,7 @@ class ServeConfig:
         if self.timeout is not None and not (self.timeout > 0 and math.isfinite(self.timeout)):
             raise ValueError(f"timeout must be > 0 seconds, got {self.timeout}")
         positive = ("max_batch_tokens", "queue_size", "max_sentences", "max_chars", "req_limit", "char_limit")
-        positive += ("batch_limit",)
+        positive += ("batch_limit", "file_limit")
         for name, least in ((n, 1) for n in positive):
             value = getattr(self, name)
             if value is not None and value < least:
@@ -193,14 +214,29 @@ class ServeConfig:
         if self.api_key == "":  # an empty key is no key
             object.__setattr__(self, "api_key", None)
 
+    def body_limit(self, path: str) -> int:
+        """The most bytes a request body to `path` may have: a file and its form's fields on /translate_file, else
+        --max-chars of UTF-8 (4 bytes a character at most, 6 as a JSON escape) and JSON's syntax."""
+        if path.endswith("/translate_file"):
+            return self.files_max_bytes + BODY_SLACK
+        return 6 * self.max_chars + BODY_SLACK
+
+    @property
+    def files_max_bytes(self) -> int:
+        """--file-limit, else the documents' own limit (nanomt.documents.files.MAX_FILE_BYTES, read when asked)."""
+        from nanomt.documents import files
+
+        return self.file_limit or files.MAX_FILE_BYTES
+
     @property
     def sentence_limit(self) -> int:
         """Texts a request may hold: --batch-limit within --max-sentences."""
         return min(self.max_sentences, self.batch_limit or self.max_sentences)
 
     @property
-    def trusted_proxies(self) -> frozenset[str]:
-        return frozenset(a.strip() for a in (self.forwarded_allow_ips or "").split(",") if a.strip())
+    def trusted_proxies(self) -> tuple:
+        """--forwarded-allow-ips as networks, and '*' where any sender is a proxy."""
+        return proxy_networks(self.forwarded_allow_ips)
 
     @property
     def grace_seconds(self) -> int | None:

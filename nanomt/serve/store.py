@@ -31,6 +31,7 @@ log = logging.getLogger("nanomt.serve")
 # The layout of keys, in every backend (a Redis shared with other applications keeps them under "nanomt:"):
 KEYS = {
     "rate": "nanomt:rate:{client}",  # a client's accepted requests of the last window (key:NAME or ip:ADDRESS)
+    "fail": "nanomt:fail:{client}",  # the wrong keys an address sent in the last window
     "file": "nanomt:file:{name}",  # a translated file awaiting download: media type, NUL, bytes
     "cache": "nanomt:cache:{model}:{pair}:{decoding}:{sentence}",  # a sentence's translation (all sha256 prefixes)
     "memory": "nanomt:memory:{pair}:{sentence}",  # a correction: JSON {source, target, translation, pair}
@@ -82,8 +83,9 @@ class Store:
         """Every live key starting with `prefix`, and its value, in key order."""
         raise NotImplementedError
 
-    def hit(self, client: str, limit: int, window: float) -> Hit:
-        """Count a request of `client` if fewer than `limit` were accepted in the last `window` seconds."""
+    def hit(self, client: str, limit: int, window: float, count: bool = True) -> Hit:
+        """Count a request of `client` if fewer than `limit` were accepted in the last `window` seconds (count=False:
+        only answer whether one would be)."""
         raise NotImplementedError
 
     def ping(self) -> None:
@@ -132,7 +134,7 @@ class MemoryStore(Store):
             found = [(k, v) for k, (v, t) in self._values.items() if k.startswith(prefix) and t > now]
         return sorted(found)
 
-    def hit(self, client, limit, window):
+    def hit(self, client, limit, window, count=True):
         with self._lock:
             now = self._clock()
             self._puts += 1
@@ -143,7 +145,8 @@ class MemoryStore(Store):
             while w and w[0] <= now - window:
                 w.popleft()
             if len(w) < limit:
-                w.append(now)
+                if count:
+                    w.append(now)
                 return Hit(True)
             return Hit(False, _retry(w[-limit], window, now))
 
@@ -226,12 +229,13 @@ class SqliteStore(Store):
 
         return self._run(fn)
 
-    def hit(self, client, limit, window):
+    def hit(self, client, limit, window, count=True):
         def fn(db, now):
             db.execute("DELETE FROM hits WHERE client = ? AND at <= ?", (client, now - window))
             times = [t for (t,) in db.execute("SELECT at FROM hits WHERE client = ? ORDER BY at", (client,))]
             if len(times) < limit:
-                db.execute("INSERT INTO hits (client, at) VALUES (?, ?)", (client, now))
+                if count:
+                    db.execute("INSERT INTO hits (client, at) VALUES (?, ?)", (client, now))
                 return Hit(True)
             return Hit(False, _retry(times[-limit], window, now))
 
@@ -252,8 +256,10 @@ local limit, window = tonumber(ARGV[1]), tonumber(ARGV[2])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
 local n = redis.call('ZCARD', KEYS[1])
 if n < limit then
-  redis.call('ZADD', KEYS[1], now, ARGV[3])
-  redis.call('PEXPIRE', KEYS[1], math.ceil(window * 1000))
+  if ARGV[4] == '1' then
+    redis.call('ZADD', KEYS[1], now, ARGV[3])
+    redis.call('PEXPIRE', KEYS[1], math.ceil(window * 1000))
+  end
   return {1, '0'}
 end
 local oldest = redis.call('ZRANGE', KEYS[1], n - limit, n - limit, 'WITHSCORES')
@@ -315,8 +321,8 @@ class RedisStore(Store):
         values = self._call(self._client.mget, keys) if keys else []
         return [(k.decode(), v) for k, v in zip(keys, values) if v is not None]
 
-    def hit(self, client, limit, window):
-        allowed, wait = self._call(self._hit, keys=[client], args=[limit, window, uuid.uuid4().hex])
+    def hit(self, client, limit, window, count=True):
+        allowed, wait = self._call(self._hit, keys=[client], args=[limit, window, uuid.uuid4().hex, int(count)])
         return Hit(True) if allowed else Hit(False, max(1, math.ceil(float(wait))))
 
     def ping(self):
