@@ -193,6 +193,16 @@ def hf_cache(tmp_path, monkeypatch):
     return home
 
 
+@pytest.fixture(scope="session")
+def redis_server():
+    """One real redis-server for the session's tests (each flushes it before it uses it)."""
+    from servers import start_redis
+
+    server = start_redis()
+    yield server
+    server.stop()
+
+
 def peak_python_memory(fn) -> int:
     """The peak of Python-level allocations (tracemalloc) while fn runs."""
     tracemalloc.start()

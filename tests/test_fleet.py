@@ -23,7 +23,7 @@ def fleet(toy_corpus, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fleet")
     run = train(config_from_dict(tiny_config(toy_corpus, max_steps=10, eval_every=10, save_every=10)), tmp / "run")
     keys = tmp / "keys"
-    keys.write_text(key_line("fleet-key", "fleet", req_limit=5) + "\n")
+    keys.write_text(key_line("fleet-key", "fleet", req_limit=5, trusted=True) + "\n")  # its corrections served
     ports = [free_port(), free_port()]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     procs = [

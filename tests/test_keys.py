@@ -1,5 +1,5 @@
-"""API keys and limits (nanomt.serve.keys): keys file, lookups in constant time, the per-minute limiter on a fake clock
-against a brute-force reference."""
+"""API keys and limits (nanomt.serve.keys): keys file, lookups in constant time, the per-minute limiter of every store
+(memory, SQLite, a real Redis) on a fake clock against a brute-force reference."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import random
 
 import pytest
 
-from nanomt.serve import keys, store
+from nanomt.serve import keys
 from nanomt.serve.keys import WINDOW_S, KeyRing, KeysFileError, Limits, hash_key, key_line, new_key
 from nanomt.serve.store import MemoryStore
+from nanomt.serve.store import memory as memory_store
 
 
 class FakeClock:
@@ -186,11 +187,27 @@ def reference_decisions(times: list[float], limit: int) -> list[tuple[bool, int]
     return out
 
 
+def limiter_of(kind: str, clock: FakeClock, request, tmp_path):
+    """The counter of a store of this kind, reading `clock`."""
+    if kind == "memory":
+        return MemoryStore(clock)
+    if kind == "sqlite":
+        from nanomt.serve.store.sqlite import SqliteStore
+
+        return SqliteStore(str(tmp_path / "limits.db"), clock=clock)
+    from nanomt.serve.store.redis import RedisStore
+
+    server = request.getfixturevalue("redis_server")
+    server.flush()
+    return RedisStore(server.url, clock=clock)
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "redis"])
 @pytest.mark.parametrize("limit, seed", [(1, 0), (3, 1), (5, 2), (20, 3)])
-def test_limiter_equals_the_brute_force_reference(limit, seed):
+def test_limiter_equals_the_brute_force_reference(kind, limit, seed, request, tmp_path):
     rng = random.Random(seed)
     clock = FakeClock(0.0)
-    limiter = MemoryStore(clock)
+    limiter = limiter_of(kind, clock, request, tmp_path)
     times, t = [], 0.0
     while len(times) < 400:  # bursts of up to twice the limit, then pauses; times on and off whole seconds
         for _ in range(rng.randint(1, 2 * limit)):
@@ -230,7 +247,7 @@ def test_clients_are_counted_apart():
 
 
 def test_idle_clients_are_forgotten(monkeypatch):
-    monkeypatch.setattr(store, "SWEEP_EVERY", 100)
+    monkeypatch.setattr(memory_store, "SWEEP_EVERY", 100)
     clock = FakeClock()
     limiter = MemoryStore(clock)
     for i in range(99):

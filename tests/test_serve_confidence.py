@@ -120,3 +120,20 @@ def test_a_model_without_calibration_gives_raw_scores_and_says_so(plain, transla
         assert res.status_code == 400 and "no calibration" in res.json()["error"]
     with pytest.raises(ValueError, match="no calibration"):
         create_app(plain, min_confidence=0.5)
+
+
+def test_a_correction_has_no_confidence_and_the_texts_are_the_models_sentences(translator, sentences):
+    found = translator.translate_confident(sentences[:2])
+    app = create_app(translator, suggestions=True, api_key="k", min_confidence=1.0)  # every model sentence low
+    with TestClient(app, headers={"Authorization": "Bearer k"}) as c:
+        fix = {"q": sentences[1], "s": "Fixed.", "source": "src", "target": "tgt"}
+        assert c.post("/suggest", json=fix).json()["status"] == "served"
+        body = c.post("/translate", json={"text": [f"{sentences[0]} {sentences[1]}", sentences[1]], "split": True})
+        body = body.json()
+        assert body["calibrated"] is True and body["memory"] == [0, 1]
+        [model, person], [alone] = body["sentences"]
+        assert person["memory"] is True and "confidence" not in person and "low" not in person
+        assert model["confidence"] == round(found[0].confidence, 4) and model["low"] is True
+        assert body["confidence"][0] == round(found[0].confidence, 4)  # the model's sentence's, not a mean with 1.0
+        assert "confidence" not in alone and body["confidence"][1] is None  # all from memory: no estimate
+        assert body["low_confidence"] == [0]  # a person's translation is not flagged; the model's is

@@ -19,13 +19,6 @@ from fastapi.testclient import TestClient  # noqa: E402
 from nanomt.serve import create_app  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def redis_server():
-    server = start_redis()
-    yield server
-    server.stop()
-
-
 @pytest.fixture(params=["memory", "sqlite", "redis"])
 def store(request, tmp_path):
     if request.param == "memory":
@@ -51,7 +44,7 @@ def test_every_backend_keeps_values_bounded_groups_and_sliding_windows(store):
     time.sleep(0.1)
     assert store.get("nanomt:gone") is None  # past its age
     for i in range(5):
-        store.put(f"nanomt:g:{i}", str(i).encode(), bound=("g", 3))
+        store.put(f"nanomt:g:{i}", str(i).encode(), bounds=(("g", 3),))
     assert [k for k, _ in store.scan("nanomt:g:")] == ["nanomt:g:2", "nanomt:g:3", "nanomt:g:4"]  # oldest dropped
     decisions = [store.hit("nanomt:rate:a", 2, 60.0) for _ in range(3)]
     assert [d.allowed for d in decisions] == [True, True, False] and 1 <= decisions[2].retry_after <= 60
@@ -96,9 +89,14 @@ def test_sqlite_survives_a_restart(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def translator(toy_corpus, tmp_path_factory):
+def run_dir(toy_corpus, tmp_path_factory):
     cfg = config_from_dict(tiny_config(toy_corpus, max_steps=10, eval_every=10, save_every=10))
-    return Translator.from_checkpoint(train(cfg, tmp_path_factory.mktemp("store") / "run"))
+    return train(cfg, tmp_path_factory.mktemp("store") / "run")
+
+
+@pytest.fixture(scope="module")
+def translator(run_dir):
+    return Translator.from_checkpoint(run_dir)
 
 
 @pytest.fixture(scope="module")
@@ -132,8 +130,10 @@ def test_the_cache_answers_as_decoding_does_and_never_for_samples(translator, se
         c.post("/translate", json={"text": sentences[:4], "temperature": 0.7})
         c.post("/translate", json={"text": sentences[:4], "temperature": 0.7})
         assert metric(c, "nanomt_cache_hits_total") == hits  # samples are neither looked up nor kept
+        misses = metric(c, "nanomt_cache_misses_total")
         other = c.post("/translate", json={"text": sentences[:4], "beam_size": 1}).json()["translations"]
-        assert other == translator.translate(sentences[:4], beam_size=1)  # other settings: another entry
+        assert other == translator.translate(sentences[:4], beam_size=1)
+        assert metric(c, "nanomt_cache_misses_total") == misses + 4  # other settings: another entry
 
 
 def test_limits_per_key_and_per_address_and_the_whole_servers(translator, tmp_path):
@@ -201,10 +201,12 @@ def test_a_correction_is_answered_in_place_of_the_model_in_documents_too(transla
     with TestClient(create_app(translator)) as c:
         off = c.post("/suggest", json={"q": "a", "s": "b", "source": "src", "target": "tgt"})
         assert off.status_code == 403 and off.json()["error"] == "Suggestions are disabled on this server."
-    with TestClient(create_app(translator, store=MemoryStore(), suggestions=True)) as c:
+    # The server's own key is trusted: its correction is served at once (anyone else's waits for review).
+    app = create_app(translator, store=MemoryStore(), suggestions=True, api_key="k")
+    with TestClient(app, headers={"Authorization": "Bearer k"}) as c:
         assert c.get("/frontend/settings").json()["suggestions"] is True
         res = c.post("/suggest", data={"q": f"  {sentences[0]} ", "s": "FIXED.", "source": "src", "target": "tgt"})
-        assert res.status_code == 200 and res.json() == {"success": True}, res.text
+        assert res.status_code == 200 and res.json() == {"success": True, "status": "served"}, res.text
         out = c.post("/translate", json={"text": [sentences[0], sentences[1]]}).json()
         assert out["translations"][0] == "FIXED." and out["memory"] == [0]
         assert out["translations"][1] == translator.translate([sentences[1]])[0]
@@ -217,13 +219,13 @@ def test_a_correction_is_answered_in_place_of_the_model_in_documents_too(transla
 def test_memory_export_as_a_corpus_and_tmx_and_import(tmp_path, capsys):
     from nanomt.cli import main
     from nanomt.core.config import SplitConfig
-    from nanomt.serve.breaker import Guarded
-    from nanomt.serve.store import TranslationMemory
+    from nanomt.serve.corrections import TranslationMemory
+    from nanomt.serve.store import Layout
     from nanomt.training.data import check_split
 
     url = f"sqlite:///{tmp_path}/store.db"
     store = open_store(url)
-    tm = TranslationMemory(Guarded(store))
+    tm = TranslationMemory(store, Layout())
     tm.add("de-en", "Guten   Morgen.\t", "Good morning.")
     tm.add("de-en", "A < B & C", "A < B & C, too")
     store.close()
@@ -237,7 +239,7 @@ def test_memory_export_as_a_corpus_and_tmx_and_import(tmp_path, capsys):
     open_store(other).close()
     main(["memory", "import", str(tmp_path / "tm.tmx"), "--store", other])
     store = open_store(other)
-    again = TranslationMemory(Guarded(store))
+    again = TranslationMemory(store, Layout())
     found = again.find_many("de-en", [" Guten Morgen. ", "A < B & C", "nope"])
     assert found == ["Good morning.", "A < B & C, too", None]
     store.close()
@@ -245,3 +247,71 @@ def test_memory_export_as_a_corpus_and_tmx_and_import(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["memory", "import", str(tmp_path / "bad.tmx"), "--store", other])
     assert "bad.tmx: not a TMX file" in capsys.readouterr().err
+
+
+def test_every_backend_bounds_a_value_in_several_groups_and_deletes_and_counts(store):
+    both = (("nanomt:group:one", 2), ("nanomt:group:all", 3))
+    for i in range(3):
+        store.put(f"nanomt:v:{i}", b"x", bounds=both)
+    assert [k for k, _ in store.scan("nanomt:v:")] == ["nanomt:v:1", "nanomt:v:2"]  # the first group's bound
+    store.put("nanomt:v:other", b"y", bounds=(("nanomt:group:two", 2), ("nanomt:group:all", 3)))
+    assert store.count("nanomt:group:one") == 2 and store.count("nanomt:group:two") == 1
+    assert store.delete("nanomt:v:1", ("nanomt:group:one", "nanomt:group:all")) is True
+    assert store.delete("nanomt:v:1") is False and store.get("nanomt:v:1") is None
+    assert store.count("nanomt:group:one") == 1
+    assert [store.hit("nanomt:fail:x", 1, 60.0, count=False).allowed for _ in range(3)] == [True] * 3  # only looks
+
+
+def test_two_deployments_on_one_redis_keep_apart(translator, sentences, redis_server, tmp_path):
+    redis_server.flush()
+    keys = tmp_path / "keys"
+    keys.write_text(key_line("k", "k", req_limit=2, trusted=True) + "\n")
+
+    def served(namespace: str) -> TestClient:
+        store = open_store(redis_server.url)
+        app = create_app(translator, store=store, store_namespace=namespace, keys_file=str(keys), suggestions=True)
+        return TestClient(app, headers={"Authorization": "Bearer k"})
+
+    fix = {"q": sentences[0], "s": "STAGING.", "source": "src", "target": "tgt"}
+    with served("staging") as staging, served("production") as production:
+        assert staging.post("/suggest", json=fix).json()["status"] == "served"
+        assert staging.post("/translate", json={"text": [sentences[0]]}).json()["translations"] == ["STAGING."]
+        res = production.post("/translate", json={"text": [sentences[0]]})  # its own window: the first of two
+        assert res.status_code == 200 and res.json()["translations"] == translator.translate([sentences[0]])
+        assert staging.post("/translate", json={"text": ["la."]}).status_code == 429
+    import redis
+
+    names = {k.decode().split(":", 1)[0] for k in redis.Redis.from_url(redis_server.url).keys("*")}
+    assert names == {"staging", "production"}
+    with pytest.raises(ValueError, match="store namespace 'a b'"):
+        create_app(translator, store_namespace="a b")
+
+
+def test_one_clients_uploads_never_push_out_anothers(translator, sentences):
+    from nanomt.serve.file_routes import KEEP_PER_CLIENT
+
+    app = create_app(translator, access_log=False)
+    upload = {"file": ("a.txt", f"{sentences[0]}\n".encode())}
+    with TestClient(app, client=("192.0.2.1", 1)) as other, TestClient(app, client=("192.0.2.2", 1)) as busy:
+        post = lambda c: c.post("/translate_file", data={"source": "src", "target": "tgt"}, files=upload)  # noqa: E731
+        kept = "/" + post(other).json()["translatedFileUrl"].split("/", 3)[3]
+        mine = ["/" + post(busy).json()["translatedFileUrl"].split("/", 3)[3] for _ in range(KEEP_PER_CLIENT + 1)]
+        assert other.get(kept).status_code == 200  # before: one global group of 32 for everyone
+        assert busy.get(mine[0]).status_code == 404 and busy.get(mine[-1]).status_code == 200
+
+
+def test_a_stores_secrets_are_hidden_and_its_url_can_come_from_the_environment(run_dir, tmp_path, monkeypatch):
+    from nanomt.serve.store import redacted
+
+    assert redacted("redis://user:s3cret@host:6379/0") == "redis://user:***@host:6379/0"
+    assert redacted("redis://host:6379/0?password=s3cret&db=1") == "redis://host:6379/0?password=***&db=1"
+    assert redacted("sqlite:///tmp/x.db") == "sqlite:///tmp/x.db"
+    import uvicorn
+
+    from nanomt.cli import main
+
+    seen = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(app=app))
+    monkeypatch.setenv("NANOMT_STORE", f"sqlite:///{tmp_path}/env.db")
+    main(["serve", str(run_dir), "--no-access-log"])
+    assert seen["app"].state.server.store.url == f"sqlite:///{tmp_path}/env.db"

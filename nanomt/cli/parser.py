@@ -359,17 +359,36 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument(*names, **kwargs)
     command(s, "serve:serve")
 
-    s = sub.add_parser("memory", help="a server's translation memory (corrections sent to /suggest): export, import")
+    s = sub.add_parser(
+        "memory", help="a server's translation memory (corrections sent to /suggest): review, export, import"
+    )
     actions = s.add_subparsers(dest="action", required=True, metavar="ACTION")
-    e = actions.add_parser("export", help="the corrections of a store as a corpus (TSV: data.train takes it) or TMX")
-    e.add_argument("store", metavar="STORE", help="the server's --store: sqlite:///PATH or redis://HOST:PORT/DB")
+    store_help = "the server's --store: sqlite:///PATH or redis://HOST:PORT/DB"
+
+    def action(name: str, help_: str, pair: bool = True) -> argparse.ArgumentParser:
+        a = actions.add_parser(name, help=help_)
+        if name != "import":
+            a.add_argument("store", metavar="STORE", help=store_help)
+        a.add_argument("--namespace", default="nanomt", help="the server's --store-namespace (default %(default)s)")
+        if pair:
+            a.add_argument("--pair", default=None, metavar="SRC-TGT", help="only this language pair's")
+        command(a, "memory:memory")
+        return a
+
+    e = action("export", "the served corrections as a corpus (TSV: data.train takes it) or TMX")
     e.add_argument("--format", choices=("tsv", "tmx"), default="tsv", help="tsv (default) or tmx")
-    e.add_argument("--out", default=None, help="the file to write (default: stdout)")
-    e.add_argument("--pair", default=None, metavar="SRC-TGT", help="only this language pair's corrections")
-    command(e, "memory:memory")
-    i = actions.add_parser("import", help="the translation units of a TMX file as corrections")
+    e.add_argument("--out", default=None, help="the file to write, whole or not at all (default: stdout)")
+    i = action("import", "the translation units of a TMX file, served as corrections")
     i.add_argument("file", metavar="FILE.tmx", help="a TMX file")
-    i.add_argument("--store", required=True, metavar="URL", help="the server's --store to add them to")
-    i.add_argument("--pair", default=None, metavar="SRC-TGT", help="only this language pair's units")
-    command(i, "memory:memory")
+    i.add_argument("--store", required=True, metavar="URL", help=store_help)
+    for name, what in (("pending", "the suggestions awaiting review"), ("list", "the served corrections")):
+        action(name, f"{what}: id, pair, sender, source, translation (tab-separated)").add_argument(
+            "--json", action="store_true", help="one JSON object a line"
+        )
+    for name, what in (
+        ("approve", "serve these suggestions (ids from pending)"),
+        ("reject", "drop these suggestions (ids from pending)"),
+        ("delete", "stop serving these corrections (ids from list)"),
+    ):
+        action(name, what, pair=False).add_argument("ids", nargs="+", metavar="ID", help="an entry's id")
     return p

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from fastapi import HTTPException, Request
 
 from nanomt.serve.keys import WINDOW_S, KeyRing, Limits
-from nanomt.serve.store import KEYS, Hit
+from nanomt.serve.store import Hit
 
 UNLIMITED = Limits()
 KEY_ATTEMPTS = 10  # wrong keys an address may present a minute; past them every key it sends is a 429 at once
@@ -40,9 +40,9 @@ def presented_key(request: Request, given: str | None) -> str | None:
 class Access:
     """The server's keys and limits (see the module's docstring)."""
 
-    def __init__(self, config, store, io):
+    def __init__(self, config, store, layout, io):
         """`io(fn, *args, fallback=...)` runs a store call off the event loop (Server.io)."""
-        self.config, self.store, self.io = config, store, io
+        self.config, self.store, self.layout, self.io = config, store, layout, io
         self.anonymous = Limits(config.req_limit, config.char_limit)
         self.keys = KeyRing.load(config.keys_file, self.anonymous) if config.keys_file else None
 
@@ -85,7 +85,7 @@ class Access:
         address that sent KEY_ATTEMPTS wrong ones within the minute; 413 past the client's characters a request,
         429 past its requests a minute; 503 while the store is down and limits fail closed."""
         given = presented_key(request, given)
-        guesses = KEYS["fail"].format(client=f"ip:{self.client_address(request)}")
+        guesses = self.layout.guesses(f"ip:{self.client_address(request)}")
         if given and self.key_required:  # checked before the key is: a guesser learns nothing more
             self._refuse(await self._hit(guesses, KEY_ATTEMPTS, count=False), "wrong keys from this address")
         client = self.identify(request, given)
@@ -102,7 +102,7 @@ class Access:
         return client
 
     async def _count(self, client: Client, limit: int) -> None:
-        hit = await self._hit(KEYS["rate"].format(client=client.id), limit)
+        hit = await self._hit(self.layout.rate(client.id), limit)
         self._refuse(hit, f"more than {limit} requests a minute for {'this key' if client.keyed else 'this address'}")
 
     async def _hit(self, key: str, limit: int, count: bool = True) -> Hit | None:

@@ -26,11 +26,13 @@ from nanomt.serve.access import Access, Client
 from nanomt.serve.batching import Batcher, Closed, JobTimeout, QueueFull
 from nanomt.serve.bodies import BodyLimit
 from nanomt.serve.breaker import Guarded
+from nanomt.serve.cache import SentenceCache
+from nanomt.serve.corrections import TranslationMemory
 from nanomt.serve.errors import add_error_handlers, error
 from nanomt.serve.metrics import ServerMetrics, add_observer
 from nanomt.serve.models import Model, ModelSet
 from nanomt.serve.settings import MAX_BEAM, ServeConfig
-from nanomt.serve.store import MemoryStore, SentenceCache, Store, TranslationMemory, open_store
+from nanomt.serve.store import Layout, MemoryStore, Store, open_store
 from nanomt.serve.workers import Busy, Expired, Pool, Pools
 
 log = logging.getLogger("nanomt.serve")
@@ -53,10 +55,12 @@ class Server:
         )
         self.store = Guarded(store if store is not None else open_store(config.store), not config.limits_fail_closed)
         self._inline = isinstance(self.store.store, MemoryStore)  # microseconds: no thread hop for it
-        self.cache = SentenceCache(self.store, config.cache_size, config.cache_age) if config.cache_size else None
-        self.memory = TranslationMemory(self.store)
+        self.layout = Layout(config.store_namespace)
+        cache = SentenceCache(self.store, self.layout, config.cache_size, config.cache_age)
+        self.cache = cache if config.cache_size else None
+        self.memory = TranslationMemory(self.store, self.layout, config.max_corrections)
         self.pools = Pools()
-        self.access = Access(config, self.store, self.io)
+        self.access = Access(config, self.store, self.layout, self.io)
 
     def defaults(self, model: Model) -> Decoding:
         """A model's settings for requests that change none: its config's, with the server's beam and glossary."""
@@ -101,37 +105,13 @@ class Server:
             return []
         if key[0] not in ("translate", "n_best", "align", "confident", "confident_units"):
             return await self._decode(model, key, items, request)
-        results, keys = [None] * len(items), [None] * len(items)
+        results = [None] * len(items)
         if self.config.suggestions:
-            pairs = [(item, None) if isinstance(item, str) else item for item in items]  # (text, forced prefix)
-            unforced = [i for i, (_, prefix) in enumerate(pairs) if prefix is None]
-            sources = [pairs[i][0] for i in unforced]
-            found = await self.io(self.memory.find_many, model.name, sources, fallback=[None] * len(sources))
-            as_result = {
-                "translate": lambda t: t,
-                "n_best": lambda t: [(t, 0.0)],
-                "align": markup.Alignment,
-                "confident": confidence.from_memory,
-                "confident_units": confidence.from_memory,
-            }[key[0]]
-            for i, correction in zip(unforced, found):
-                if correction is not None:
-                    results[i] = as_result(correction)  # HTML: its tags placed by position, as through a pivot
-                    request.state.from_memory = getattr(request.state, "from_memory", set()) | {pairs[i][0]}
-                    self.metrics.memory_hits.inc()
+            await self._remembered(request, model, key[0], items, results)
         cacheable = key[0] in ("translate", "n_best")  # an alignment holds the attention, a Confident the words
+        keys = [None] * len(items)
         if self.cache is not None and cacheable and key[1].sampling is None:  # a sample is drawn afresh every time
-            weights, setting = await self.fingerprint(model), f"{key[0]}:{key[1]!r}"
-            todo = [i for i, r in enumerate(results) if r is None]
-            for i in todo:
-                keys[i] = self.cache.key(weights, model.name, setting, *items[i])
-            found = await self.io(self.cache.get_many, [keys[i] for i in todo], fallback=[None] * len(todo))
-            for i, value in zip(todo, found):
-                if value is not None:
-                    results[i] = value if key[0] == "translate" else [tuple(h) for h in value]
-            hits = sum(v is not None for v in found)
-            self.metrics.cache_hits.inc(hits)
-            self.metrics.cache_misses.inc(len(todo) - hits)
+            keys = await self._cached(request, model, key, items, results)
         todo = [i for i, r in enumerate(results) if r is None]
         if todo:
             decoded = await self._decode(model, key, [items[i] for i in todo], request)
@@ -139,8 +119,45 @@ class Server:
                 results[i] = value
             stored = [(keys[i], results[i]) for i in todo if keys[i] is not None]
             if stored:
-                await self.io(lambda: [self.cache.put(k, v) for k, v in stored], fallback=None)
+                await self.io(self.cache.put_many, stored, fallback=None)
         return results
+
+    async def _remembered(self, request: Request, model: Model, kind: str, items: list, results: list) -> None:
+        """Fill `results` with the served corrections of the items (those without a forced prefix)."""
+        pairs = [(item, None) if isinstance(item, str) else item for item in items]  # (text, forced prefix)
+        unforced = [i for i, (_, prefix) in enumerate(pairs) if prefix is None]
+        sources = [pairs[i][0] for i in unforced]
+        found = await self.io(self.memory.find_many, model.name, sources, fallback=[None] * len(sources))
+        as_result = {
+            "translate": lambda t: t,
+            "n_best": lambda t: [(t, 0.0)],
+            "align": markup.Alignment,  # its tags placed by position: a person's translation has no attention
+            "confident": confidence.from_memory,
+            "confident_units": confidence.from_memory,
+        }[kind]
+        for i, correction in zip(unforced, found):
+            if correction is not None:
+                results[i] = as_result(correction)
+                request.state.from_memory = getattr(request.state, "from_memory", set()) | {pairs[i][0]}
+                self.metrics.memory_hits.inc()
+
+    async def _cached(self, request: Request, model: Model, key: tuple, items: list, results: list) -> list:
+        """Fill `results` from the sentence cache; each item's cache key (None where a correction answered it)."""
+        fingerprint, setting = await self.fingerprint(model), f"{key[0]}:{key[1]!r}"
+        client = getattr(request.state, "client", None)
+        partition = client.id if self.config.cache_per_key and client is not None else ""
+        keys = [None] * len(items)
+        todo = [i for i, r in enumerate(results) if r is None]
+        for i in todo:
+            keys[i] = self.cache.key(fingerprint, model.name, setting, *items[i], partition)
+        found = await self.io(self.cache.get_many, [keys[i] for i in todo], fallback=[None] * len(todo))
+        for i, value in zip(todo, found):
+            if value is not None:
+                results[i] = value if key[0] == "translate" else [tuple(h) for h in value]
+        hits = sum(v is not None for v in found)
+        self.metrics.cache_hits.inc(hits)
+        self.metrics.cache_misses.inc(len(todo) - hits)
+        return keys
 
     def deadline(self, request: Request) -> float | None:
         """When the request's time (--timeout) runs out, in time.monotonic(): every wait of its work ends there."""

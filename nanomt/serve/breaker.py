@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 
-from nanomt.serve.store import Hit, Store, StoreDown
+from nanomt.serve.store.base import Bounds, Hit, Store, StoreDown
 
 log = logging.getLogger("nanomt.serve")
 PROBE_EVERY = 1.0  # seconds between two probes of a lost store, doubling up to PROBE_AT_MOST
@@ -71,9 +71,16 @@ class Guarded:
     def get_many(self, keys: list[str]) -> list[bytes | None]:
         return self.call("get_many", keys, fallback=[None] * len(keys))
 
-    def put(self, key: str, value: bytes, ttl: float | None = None, bound=None) -> bool:
+    def put(self, key: str, value: bytes, ttl: float | None = None, bounds: Bounds = ()) -> bool:
         """Whether it was kept."""
-        return self.call("put", key, value, ttl, bound, fallback=False) is not False
+        return self.call("put", key, value, ttl, bounds, fallback=False) is not False
+
+    def delete(self, key: str, groups: tuple[str, ...] = ()) -> bool | None:
+        """Whether it was there; None while the store is down."""
+        return self.call("delete", key, groups)
+
+    def count(self, group: str) -> int | None:
+        return self.call("count", group)
 
     def scan(self, prefix: str) -> list[tuple[str, bytes]]:
         return self.call("scan", prefix, fallback=[])

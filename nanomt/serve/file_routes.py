@@ -14,28 +14,28 @@ from starlette.datastructures import UploadFile
 
 from nanomt.documents import files
 from nanomt.serve.errors import ERRORS, FORM, MULTIPART, Refused, invalid, validate
-from nanomt.serve.store import KEYS
 
-KEEP_FILES = 32  # translated files kept for download, the oldest dropped first
-KEEP_SECONDS = 3600.0  # and for at most an hour
+KEEP_PER_CLIENT = 8  # translated files one client has awaiting download, its oldest dropped first
+KEEP_FILES = 256  # and every client's together
+KEEP_SECONDS = 3600.0  # each for an hour at most
 
 
 class TranslatedFiles:
     """The translated files waiting to be downloaded, in the server's store (so that any replica sharing it answers
-    the download), bounded in number and age."""
+    the download), bounded per client (one client's uploads never push out another's), in all, and in age."""
 
-    def __init__(self, store, max_files: int = KEEP_FILES, keep_seconds: float = KEEP_SECONDS):
-        self.store, self.max_files, self.keep_seconds = store, max_files, keep_seconds
+    def __init__(self, store, layout, keep_seconds: float = KEEP_SECONDS):
+        self.store, self.layout, self.keep_seconds = store, layout, keep_seconds
 
-    def add(self, filename: str, data: bytes, fmt: str) -> str | None:
+    def add(self, filename: str, data: bytes, fmt: str, client: str) -> str | None:
         """Keep a file; its download name (a fresh id, then the uploaded file's name), None if it cannot be kept."""
         name = f"{uuid.uuid4().hex}.{PurePath(filename).name}"
         value = files.MEDIA_TYPES[fmt].encode() + b"\0" + data
-        kept = self.store.put(KEYS["file"].format(name=name), value, self.keep_seconds, ("files", self.max_files))
-        return name if kept else None
+        bounds = ((self.layout.group(f"files:{client}"), KEEP_PER_CLIENT), (self.layout.group("files"), KEEP_FILES))
+        return name if self.store.put(self.layout.file(name), value, self.keep_seconds, bounds) else None
 
     def get(self, name: str) -> tuple[bytes, str] | None:
-        found = self.store.get(KEYS["file"].format(name=name))
+        found = self.store.get(self.layout.file(name))
         if found is None:
             return None
         media_type, _, data = found.partition(b"\0")
@@ -72,7 +72,7 @@ def read_file_form(form) -> tuple[str, UploadFile, FileFields]:
 def add_routes(app: FastAPI, server, routed) -> None:
     """POST /translate_file and GET /download_file/{name}; `routed(request, source, target)` gives a request's
     Route (LibreTranslate's routing: a 400 naming a language not served)."""
-    kept = TranslatedFiles(server.store)
+    kept = TranslatedFiles(server.store, server.layout)
 
     @app.post("/translate_file", responses=ERRORS, openapi_extra={"requestBody": file_body(", ".join(files.FORMATS))})
     async def translate_file(request: Request) -> dict:
@@ -102,7 +102,7 @@ def add_routes(app: FastAPI, server, routed) -> None:
             raise HTTPException(415, f"{name}: {e}") from None
         except files.FileError as e:
             raise HTTPException(400, f"{name}: {e}") from None
-        stored = await server.io(kept.add, name, translated, fmt, fallback=None)
+        stored = await server.io(kept.add, name, translated, fmt, client.id, fallback=None)
         if stored is None:
             raise HTTPException(503, "the translated file cannot be kept: the store is unreachable")
         return {"translatedFileUrl": f"{request.base_url}download_file/{stored}"}

@@ -3,7 +3,6 @@ with `q`, GET /languages, POST /detect, GET /frontend/settings. Requests are rou
 
 from __future__ import annotations
 
-import asyncio
 from typing import Annotated, Literal
 
 from fastapi import FastAPI, HTTPException, Request
@@ -190,19 +189,25 @@ def add_routes(app: FastAPI, server) -> None:
 
     @app.post("/suggest", responses=ERRORS)
     async def suggest(request: Request) -> dict:
-        """LibreTranslate's corrections: with --suggestions, the sentence q of the pair is answered with s from now
-        on (by every replica sharing the store), in documents too."""
+        """LibreTranslate's corrections, with --suggestions: from a trusted key the sentence q of the pair is
+        answered with s from now on (by every replica sharing the store, in documents too); from anyone else it is
+        kept for an operator's review (`nanomt memory pending`) and served only once approved."""
         if not server.config.suggestions:
             raise HTTPException(403, "Suggestions are disabled on this server.")
         req = validate(SuggestRequest, await read_body(request))
-        await server.check_key(request, req.api_key, len(req.q) + len(req.s))
+        client = await server.check_key(request, req.api_key, len(req.q) + len(req.s))
         check_size([req.q, req.s], 2, server.config.max_chars)
         if (req.source, req.target) not in server.models.by_pair:
             served = ", ".join(server.models.pairs())
             raise HTTPException(400, f"{req.source}-{req.target} is not translated by one model (served: {served})")
-        if not await asyncio.to_thread(server.memory.add, f"{req.source}-{req.target}", req.q, req.s):
+        pair = f"{req.source}-{req.target}"
+        status = await server.io(server.memory.suggest, pair, req.q, req.s, client.id, client.trusted, fallback=None)
+        if status is None:
             raise HTTPException(503, "the correction cannot be kept: the store is unreachable")
-        return {"success": True}
+        if status == "full":
+            limit = server.config.max_corrections
+            raise HTTPException(507, f"the translation memory holds its {limit:,} corrections (--max-corrections)")
+        return {"success": True, "status": status}
 
     @app.get("/frontend/settings")
     async def frontend_settings() -> dict:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from nanomt.core import runtime
@@ -16,8 +17,9 @@ def serve(config: ServeConfig) -> None:
     """Serve config.models; SIGTERM or Ctrl-C stops accepting, answers what came in, exits."""
     import uvicorn
 
-    if config.api_key is None and os.environ.get("NANOMT_API_KEY"):
-        config = ServeConfig(**{**vars(config), "api_key": os.environ["NANOMT_API_KEY"]})
+    from_environment = {"api_key": "NANOMT_API_KEY", "store": "NANOMT_STORE"}  # secrets kept off the command line
+    given = {f: os.environ[v] for f, v in from_environment.items() if getattr(config, f) is None and os.environ.get(v)}
+    config = dataclasses.replace(config, **given)
     store = open_store(config.store)  # unreachable or corrupted: a one-line error naming it, before any loading
     models = ModelSet.read(config.models, config.pivot, config.max_loaded, config.device, config.int8)
     if config.max_loaded is None or config.max_loaded >= len(models.models):

@@ -205,11 +205,12 @@ class SentenceConfidence(BaseModel):
 
     source: str
     translation: str
-    confidence: float | None  # null: the model has no calibration
-    confidence_raw: float
+    confidence: float | None  # null: the model has no calibration, or the sentence came from the translation memory
+    confidence_raw: float | None  # null: from the translation memory
     words: list[WordProbability]
     doubtful: list[str]  # the words whose probability is under 0.5
     low: bool | None = None  # with a min_confidence: whether its confidence is under it
+    memory: bool | None = None  # true: a correction from the translation memory (a person's, not the model's)
 
 
 class TranslateResponse(BaseModel):
@@ -228,7 +229,7 @@ class TranslateResponse(BaseModel):
     memory: list[int] | None = None
     # with confidence (or a min_confidence): each text's confidence, null where the model has no calibration
     confidence: list[float | None] | None = None
-    confidence_raw: list[float] | None = None  # each text's raw score: its tokens' mean log-probability
+    confidence_raw: list[float | None] | None = None  # each text's raw score: its tokens' mean log-probability
     calibrated: bool | None = None  # false: the model has no calibration (nanomt calibrate), raw scores only
     sentences: list[list[SentenceConfidence]] | None = None  # each text's sentences, as translated
     low_confidence: list[int] | None = None  # texts with a sentence under min_confidence

@@ -12,6 +12,7 @@ from dataclasses import MISSING, dataclass, field
 
 from nanomt.core.languages import PAIR_CODE
 from nanomt.documents.limits import MAX_FILE_BYTES
+from nanomt.serve.store.layout import Layout
 
 MAX_BEAM = 16
 BODY_SLACK = 65_536  # bytes of JSON syntax and escapes, or of a form's headers and fields, beyond the content
@@ -135,12 +136,20 @@ class ServeConfig:
         "from one of them is counted against the rightmost address of its X-Forwarded-For header that is no trusted "
         "proxy (the addresses left of it are the client's to write); default: none, the connection's address",
     )
-    store: str = setting(
-        "memory://",
+    store: str | None = setting(
+        None,
         metavar="URL",
         help="where the server remembers rate-limit windows, files awaiting download, the sentence cache and the "
         "translation memory: memory:// (default: this process), sqlite:///PATH (one machine, survives restarts) "
-        "or redis://HOST:PORT/DB (a fleet of replicas; docs/serving.md)",
+        "or redis://HOST:PORT/DB (a fleet of replicas; docs/serving.md); default: the environment variable "
+        "NANOMT_STORE, else memory:// (prefer the variable for a URL with a password: a command line is visible to "
+        "other users of the machine)",
+    )
+    store_namespace: str = setting(
+        "nanomt",
+        metavar="NAME",
+        help="the prefix of every key the server keeps in the store, so that two deployments on one Redis (staging "
+        "and production) keep apart (default %(default)s)",
     )
     limits_fail_closed: bool = setting(
         False,
@@ -152,10 +161,18 @@ class ServeConfig:
         help="sentence translations the cache keeps, the oldest dropped first (0: no cache; default %(default)s)",
     )
     cache_age: float = setting(7 * 86400.0, help="seconds a cached translation is kept (default %(default)g)")
+    cache_per_key: bool = setting(
+        False,
+        help="a cache of its own for each key (and each address without one), so that no client can tell from a "
+        "fast answer what another has translated (default: one cache for all)",
+    )
     suggestions: bool = setting(
         False,
-        help="accept corrections (LibreTranslate's POST /suggest): a corrected sentence is answered with its "
-        "correction",
+        help="accept corrections (LibreTranslate's POST /suggest): a trusted key's (keys file trusted=yes, or "
+        "--api-key) answer that sentence from then on; anyone else's wait for review (nanomt memory pending)",
+    )
+    max_corrections: int = setting(
+        100_000, help="corrections the translation memory serves; past them a trusted /suggest is refused (507)"
     )
     languages: tuple[str, str] | None = None  # the pair of a model given as a Translator (create_app)
     glossary: tuple[tuple[str, str], ...] = setting(
@@ -198,7 +215,7 @@ class ServeConfig:
         if self.timeout is not None and not (self.timeout > 0 and math.isfinite(self.timeout)):
             raise ValueError(f"timeout must be > 0 seconds, got {self.timeout}")
         positive = ("max_batch_tokens", "queue_size", "max_sentences", "max_chars", "req_limit", "char_limit")
-        positive += ("batch_limit", "file_limit")
+        positive += ("batch_limit", "file_limit", "max_corrections")
         for name, least in ((n, 1) for n in positive):
             value = getattr(self, name)
             if value is not None and value < least:
@@ -213,6 +230,7 @@ class ServeConfig:
             raise ValueError(f"min_confidence must be in 0..1, got {self.min_confidence}")
         if self.api_key == "":  # an empty key is no key
             object.__setattr__(self, "api_key", None)
+        Layout(self.store_namespace)  # a namespace the store's keys can hold, else the ValueError naming it
 
     def body_limit(self, path: str) -> int:
         """The most bytes a request body to `path` may have: a file and its form's fields on /translate_file, else
