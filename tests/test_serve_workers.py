@@ -120,3 +120,31 @@ def test_a_document_past_its_deadline_is_a_504_and_ready_says_the_server_is_stuc
         assert client.get("/ready").status_code == 200
         res = client.post("/translate", json={"q": paragraphs[1], "source": "src", "target": "tgt"})
         assert res.status_code == 200, res.text
+
+
+def test_files_are_parsed_two_at_a_time(run_dir, paragraphs, monkeypatch):
+    from nanomt.documents import files
+
+    inside, most, lock, parse = [0], [0], threading.Lock(), files.translate_file
+
+    def counted(*args, **kwargs):
+        with lock:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        try:
+            time.sleep(0.2)  # long enough for the others to arrive
+            return parse(*args, **kwargs)
+        finally:
+            with lock:
+                inside[0] -= 1
+
+    monkeypatch.setattr(files, "translate_file", counted)
+    with TestClient(create_app(Translator.from_checkpoint(run_dir), access_log=False)) as client:
+        upload = lambda i: (
+            client.post(  # noqa: E731
+                "/translate_file", data={"source": "src", "target": "tgt"}, files={"file": ("a.txt", paragraphs[i])}
+            ).status_code
+        )
+        with ThreadPoolExecutor(6) as ex:
+            assert list(ex.map(upload, range(6))) == [200] * 6
+    assert most[0] == 2  # each parse holds a whole file in memory: never more than two at once

@@ -71,7 +71,7 @@ class Access:
     def identify(self, request: Request, given: str | None) -> Client | None:
         """The client a presented key makes the request (None: a key is required and the request has none)."""
         master = self.config.api_key
-        if master is not None and given and _equal(given, master):
+        if master is not None and given and same_key(given, master):
             return Client("master", UNLIMITED, trusted=True)
         found = self.keys.find(given) if self.keys is not None else None
         if found is not None:
@@ -140,6 +140,6 @@ def _ip(address: str):
         return None
 
 
-def _equal(a: str, b: str) -> bool:
+def same_key(a: str, b: str) -> bool:
     """Two keys compared in constant time."""
     return hmac.compare_digest(a.encode("utf-8", "surrogatepass"), b.encode("utf-8", "surrogatepass"))

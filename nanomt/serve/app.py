@@ -21,8 +21,8 @@ from nanomt.core.decoding import Decoding
 from nanomt.decoding import calibration
 from nanomt.decoding.translate import Translator
 from nanomt.documents import markup
-from nanomt.serve import api, confidence, libretranslate, page
-from nanomt.serve.access import Access, Client
+from nanomt.serve import api, apidocs, confidence, libretranslate, page
+from nanomt.serve.access import Access, Client, presented_key, same_key
 from nanomt.serve.batching import Batcher, Closed, JobTimeout, QueueFull
 from nanomt.serve.bodies import BodyLimit
 from nanomt.serve.breaker import Guarded
@@ -270,12 +270,17 @@ def create_app(
         description="Translate with nanomt Transformers and inspect their attention. POST /translate also speaks "
         "LibreTranslate's API (q, source, target, format, api_key), as do GET /languages and POST /detect.",
         lifespan=lifespan,
+        docs_url=None,  # nanomt.serve.apidocs serves Swagger UI itself, without a CDN
+        redoc_url=None,
+        openapi_url=None if config.no_docs else "/openapi.json",
     )
     add_error_handlers(app)
     api.add_routes(app, server)
     libretranslate.add_routes(app, server)
     _add_probes(app, server)
     page.add_routes(app)
+    if not config.no_docs:
+        apidocs.add_routes(app)
     app.add_middleware(BodyLimit, limit=config.body_limit)  # inside the observer, which counts its 413s
     add_observer(app, server.metrics)
     app.state.server, app.state.engine, app.state.metrics = server, server.engine, server.metrics
@@ -303,7 +308,7 @@ def _add_probes(app: FastAPI, server: Server) -> None:
         return {
             "status": "ok",
             "model": _model_info(first),
-            "models": [{"pair": m.name, "path": m.path, **_model_info(m)} for m in server.models.models],
+            "models": [{"pair": m.name, **_model_info(m)} for m in server.models.models],  # no paths: anyone reads it
             "default_beam": server.beam(first),
             "limits": {"max_sentences": config.max_sentences, "max_chars": config.max_chars, "max_beam": MAX_BEAM},
             "languages": {"source": first.source, "target": first.target},
@@ -325,6 +330,10 @@ def _add_probes(app: FastAPI, server: Server) -> None:
         return JSONResponse({"status": "ready", "queue_depth": engine.depth()})
 
     @app.get("/metrics", include_in_schema=False)
-    async def metrics_() -> Response:
-        """Prometheus metrics (text exposition format)."""
+    async def metrics_(request: Request) -> Response:
+        """Prometheus metrics (text exposition format); with --metrics-key, for that key only (Bearer)."""
+        key = config.metrics_key
+        presented = presented_key(request, None)
+        if key is not None and not (presented and same_key(presented, key)):
+            return error(403, "the metrics need the server's --metrics-key (the header Authorization: Bearer KEY)")
         return Response(server.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)

@@ -98,6 +98,12 @@ def detections(text: str, sources: list[str]) -> list[dict]:
     return [{"confidence": p, "language": c} for c, p in found] or [{"confidence": 0.0, "language": sources[0]}]
 
 
+async def detect_all(server, request: Request, texts: list[str], sources: list[str]) -> list[list[dict]]:
+    """Each text's detections, off the event loop (in the work pool: detection is CPU work that holds the GIL)."""
+    run = lambda: [detections(t, sources) for t in texts]  # noqa: E731
+    return await server.offload(server.pools.work, run, deadline=server.deadline(request))
+
+
 def _route(server, request: Request, source: str, target: str, n_best: int) -> Route:
     """The models from `source` to `target` (or a 400 naming the language not served), each with its default
     settings, the last one's giving `n_best` hypotheses."""
@@ -116,7 +122,7 @@ def _route(server, request: Request, source: str, target: str, n_best: int) -> R
 async def _translate_all(server, request: Request, req: LibreTranslateRequest, texts: list[str]) -> tuple:
     """Each text's translation and alternatives, and (source auto) each text's detected language."""
     sources = candidates(server, req.target) if req.source == "auto" else None
-    detected = [detections(t, sources)[0] for t in texts] if sources else None
+    detected = [d[0] for d in await detect_all(server, request, texts, sources)] if sources else None
     sources = [d["language"] for d in detected] if detected else [req.source] * len(texts)
     out, alts, found = [""] * len(texts), [[] for _ in texts], [[] for _ in texts]
     for source in dict.fromkeys(sources):
@@ -183,9 +189,10 @@ def add_routes(app: FastAPI, server) -> None:
     async def detect_(request: Request) -> list:
         """LibreTranslate's language detection, among the languages the server translates from."""
         req = validate(DetectRequest, await read_body(request))
-        await server.check_key(request, req.api_key)
-        text = req.q if isinstance(req.q, str) else " ".join(req.q)
-        return detections(text, candidates(server))
+        texts = [req.q] if isinstance(req.q, str) else req.q
+        await server.check_key(request, req.api_key, sum(map(len, texts)))
+        check_size(texts, server.config.sentence_limit, server.config.max_chars)
+        return (await detect_all(server, request, [" ".join(texts)], candidates(server)))[0]
 
     @app.post("/suggest", responses=ERRORS)
     async def suggest(request: Request) -> dict:

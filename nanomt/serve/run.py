@@ -17,7 +17,8 @@ def serve(config: ServeConfig) -> None:
     """Serve config.models; SIGTERM or Ctrl-C stops accepting, answers what came in, exits."""
     import uvicorn
 
-    from_environment = {"api_key": "NANOMT_API_KEY", "store": "NANOMT_STORE"}  # secrets kept off the command line
+    # Secrets kept off the command line, where other users of the machine can read them.
+    from_environment = {"api_key": "NANOMT_API_KEY", "store": "NANOMT_STORE", "metrics_key": "NANOMT_METRICS_KEY"}
     given = {f: os.environ[v] for f, v in from_environment.items() if getattr(config, f) is None and os.environ.get(v)}
     config = dataclasses.replace(config, **given)
     store = open_store(config.store)  # unreachable or corrupted: a one-line error naming it, before any loading

@@ -201,6 +201,12 @@ class ServeConfig:
         "faster decoding for a small BLEU cost (README, Speed)",
     )
     access_log: bool = setting(True, flag="--no-access-log", help="no JSON access log lines on stderr")
+    metrics_key: str | None = setting(
+        None,
+        help="/metrics answers only requests with this key (Authorization: Bearer KEY; its counters and latencies tell "
+        "whether a sentence was translated recently); default: the environment variable NANOMT_METRICS_KEY, else open",
+    )
+    no_docs: bool = setting(False, help="no /docs and no /openapi.json (the API's description)")
     models: tuple[ModelSpec, ...] = setting(
         flag="",
         metavar="CHECKPOINT",
