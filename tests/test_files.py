@@ -341,3 +341,14 @@ def test_a_zip_bomb_is_refused_before_it_is_read(monkeypatch):
 
 def test_media_types_cover_every_format():
     assert set(files.MEDIA_TYPES) == set(files.HANDLERS) == set(files.FORMATS.values())
+
+
+def test_a_file_whose_name_has_no_suffix_is_known_by_its_bytes():
+    assert files.file_format("upload", sample("html")) == "html"
+    assert files.file_format("upload", sample("srt")) == "srt"
+    assert files.file_format("upload", sample("text")) == "text"
+    assert files.file_format("upload", zip_of({"word/document.xml": b"<w:document/>"})) == "docx"
+    with pytest.raises(UnsupportedFile, match="no Word"):
+        files.file_format("upload", zip_of({"content.xml": b"<office/>"}))
+    with pytest.raises(UnsupportedFile, match="unsupported file type '.pdf'"):
+        files.file_format("a.pdf", b"%PDF")  # a suffix says what the file is: no guessing past it

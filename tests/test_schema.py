@@ -1,5 +1,6 @@
 """Property-based tests of every endpoint from the OpenAPI schema the server publishes (schemathesis, in-process): no
-server error, and no request the schema declares valid is refused as invalid."""
+server error, every answer as the schema declares it (status, content type, headers, body), no request the schema
+declares valid refused as invalid, and every request it declares invalid refused."""
 
 import json
 
@@ -14,7 +15,7 @@ pytest.importorskip("fastapi")
 schemathesis = pytest.importorskip("schemathesis")
 from fastapi.testclient import TestClient  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
-from schemathesis import GenerationMode  # noqa: E402
+from schemathesis import GenerationMode, checks  # noqa: E402
 
 from nanomt.serve import create_app  # noqa: E402
 from nanomt.serve.schemas import CROSS_FIELD_RULES  # noqa: E402
@@ -76,6 +77,41 @@ def test_the_list_of_operations_is_the_schemas(api_schema):
     assert found == set(OPERATIONS)
 
 
+# What every answer is checked for: no server error, a status code, content type, headers and body the schema
+# declares for it; a request the schema declares invalid is refused (negative examples).
+CONFORMS = [
+    checks.not_a_server_error, checks.status_code_conformance, checks.content_type_conformance,
+    checks.response_headers_conformance, checks.response_schema_conformance,
+]  # fmt: skip
+WITH_INPUT = [op for op in OPERATIONS if op[0] == "POST"]  # the others have nothing a negative example can break
+
+
+def accepted(case, response, path: str) -> None:
+    """A schema-valid request is not refused as invalid, but for the rules the schema states in words."""
+    body, status = response.text, response.status_code
+    if path == "/translate_file" and status == 415:  # a file whose name's suffix, or whose bytes, it cannot read
+        assert "unsupported file type" in body or "not UTF-8" in body or "not a valid" in body, body
+        return
+    if status == 422 and {e["type"] for e in response.json()["detail"]} <= set(CROSS_FIELD_RULES):
+        return  # a rule across fields that the schema's description states (x-rules)
+    assert status not in REFUSED, f"schema-valid request refused: {case.as_curl_command()}\n{body}"
+    if status == 400:  # a pair not served, text the model cannot take: never the form
+        assert not response.json()["error"].startswith(("malformed", "invalid")), body
+
+
+def explicit(api_schema, client, path: str) -> list:
+    """Requests valid for the schema that chance would not find, as (case, response): a text file to translate, and
+    a translated file's name to download."""
+    if path == "/translate_file":
+        res = client.post("/translate_file", data={"source": "src", "target": "tgt"}, files={"file": ("a.txt", b"la.")})
+        return [(api_schema[path]["POST"].Case(media_type="multipart/form-data", body={}), res)]
+    if path == "/download_file/{name}":
+        kept = client.post("/translate_file", data={"source": "src", "target": "tgt"}, files={"file": ("b", b"la.")})
+        name = kept.json()["translatedFileUrl"].rsplit("/", 1)[1]
+        return [(api_schema[path]["GET"].Case(path_parameters={"name": name}), client.get(f"/download_file/{name}"))]
+    return []
+
+
 @pytest.mark.parametrize("method, path", OPERATIONS)
 def test_every_endpoint_answers_what_its_schema_declares_valid(api_schema, client, method, path):
     operation, answered = api_schema[path][method], []
@@ -84,22 +120,43 @@ def test_every_endpoint_answers_what_its_schema_declares_valid(api_schema, clien
     @given(case=operation.as_strategy(GenerationMode.POSITIVE))
     def check(case):
         response = send(client, case)
-        body, status = response.text, response.status_code
-        answered.append(status)
-        assert status < 500, f"{case.method} {case.path}: {status} {body}"
-        if path == "/translate_file" and status == 415:  # a file type not translated: its name's suffix
-            assert "unsupported file type" in body, body
-            return
-        if status == 422 and {e["type"] for e in response.json()["detail"]} <= set(CROSS_FIELD_RULES):
-            return  # a rule across fields that the schema's description states (x-rules)
-        assert status not in REFUSED, f"schema-valid request refused: {case.as_curl_command()}\n{body}"
-        if status == 400:  # a language not served, text the model cannot take: never the form
-            assert not response.json()["error"].startswith(("malformed", "invalid")), body
+        answered.append(response.status_code)
+        case.validate_response(response, checks=CONFORMS)
+        accepted(case, response, path)
 
     check()
-    # Random names are no file to download, no file type and no language pair served: those are refused.
-    if path not in ("/download_file/{name}", "/translate_file", "/suggest"):
-        assert any(status < 300 for status in answered), answered  # the examples reach the endpoint's work
+    for case, response in explicit(api_schema, client, path):
+        answered.append(response.status_code)
+        case.validate_response(response, checks=CONFORMS)
+    assert any(status < 300 for status in answered), answered  # the examples reach the endpoint's work
+
+
+@pytest.mark.parametrize("method, path", WITH_INPUT)
+def test_every_endpoint_refuses_what_its_schema_declares_invalid(api_schema, client, method, path):
+    operation, answered = api_schema[path][method], []
+
+    @settings(max_examples=MAX_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+    @given(case=operation.as_strategy(GenerationMode.NEGATIVE))
+    def check(case):
+        response = send(client, case)
+        answered.append(response.status_code)
+        case.validate_response(response, checks=[*CONFORMS, checks.negative_data_rejection])
+
+    check()
+    # Each example the check found schema-violating was refused; some become valid once serialized (a form's
+    # fields are text), so not every answer need be a 4xx, but the examples reach the refusals.
+    assert any(400 <= status < 500 for status in answered), answered
+
+
+def test_the_schema_names_the_served_languages_the_keys_and_every_error(api_schema, client):
+    schema = client.app.openapi()
+    libre = schema["components"]["schemas"]["LibreTranslateRequest"]["properties"]
+    assert libre["source"]["enum"] == ["src", "auto"] and libre["target"]["enum"] == ["tgt"]
+    assert set(schema["components"]["securitySchemes"]) == {"bearer", "apiKeyHeader"}
+    translate = schema["paths"]["/translate"]["post"]
+    assert {"bearer": []} in translate["security"] and {} in translate["security"]  # no key required here
+    assert translate["responses"]["429"]["headers"]["Retry-After"]
+    assert schema["paths"]["/suggest"]["post"]["responses"]["507"]
 
 
 def test_the_four_requests_the_fuzzer_found_refused_are_answered(client):

@@ -140,11 +140,11 @@ def test_files_are_parsed_two_at_a_time(run_dir, paragraphs, monkeypatch):
 
     monkeypatch.setattr(files, "translate_file", counted)
     with TestClient(create_app(Translator.from_checkpoint(run_dir), access_log=False)) as client:
-        upload = lambda i: (
-            client.post(  # noqa: E731
-                "/translate_file", data={"source": "src", "target": "tgt"}, files={"file": ("a.txt", paragraphs[i])}
-            ).status_code
-        )
+
+        def upload(i: int) -> int:
+            files_ = {"file": ("a.txt", paragraphs[i])}
+            return client.post("/translate_file", data={"source": "src", "target": "tgt"}, files=files_).status_code
+
         with ThreadPoolExecutor(6) as ex:
             assert list(ex.map(upload, range(6))) == [200] * 6
     assert most[0] == 2  # each parse holds a whole file in memory: never more than two at once

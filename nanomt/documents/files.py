@@ -54,9 +54,31 @@ class FileTooLarge(FileError):
     """A file over one of the size limits (HTTP 413)."""
 
 
-def file_format(filename: str) -> str:
-    """The format of a file, from its name's suffix."""
+SRT_START = re.compile(rb"\A(?:\xef\xbb\xbf)?\s*\d+\r?\n\d+:\d\d:\d\d[,.]\d+ --> ")
+HTML_START = re.compile(rb"\A(?:\xef\xbb\xbf)?\s*<(?:!doctype html|html|head|body|p|div|h[1-6])[\s>]", re.IGNORECASE)
+
+
+def sniff_format(data: bytes) -> str:
+    """The format of a file whose name has no suffix, from its bytes: a zip holding word/document.xml is Word, a
+    file starting with an HTML tag HTML, one starting with a numbered cue SRT, anything else plain text."""
+    if data.startswith(b"PK\x03\x04"):
+        try:
+            with zipfile.ZipFile(io.BytesIO(data)) as archive:
+                if "word/document.xml" in archive.namelist():
+                    return "docx"
+        except zipfile.BadZipFile:
+            pass
+        raise UnsupportedFile("a zip archive that is no Word .docx file; name the file with its suffix")
+    if HTML_START.match(data):
+        return "html"
+    return "srt" if SRT_START.match(data) else "text"
+
+
+def file_format(filename: str, data: bytes | None = None) -> str:
+    """The format of a file, from its name's suffix, or from its bytes (`data`) where the name has none."""
     suffix = PurePath(filename).suffix.lower()
+    if not suffix and data is not None:
+        return sniff_format(data)
     if suffix not in FORMATS:
         known = ", ".join(FORMATS)
         raise UnsupportedFile(f"{filename}: unsupported file type {suffix or '(no suffix)'!r}; supported: {known}")

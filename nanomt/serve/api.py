@@ -13,7 +13,7 @@ from nanomt.decoding.glossary import has_terms
 from nanomt.decoding.translate import prepare, src_limit
 from nanomt.serve import confidence, libretranslate
 from nanomt.serve.documents import Route
-from nanomt.serve.errors import ERRORS, FORM, NOT_JSON, FormFields, check_size, read_body, validate
+from nanomt.serve.errors import ERRORS, NOT_JSON, FormFields, check_size, read_body, validate
 from nanomt.serve.models import Model, NoRoute, has_shortlist
 from nanomt.serve.schemas import AttentionRequest, AttentionResponse, TranslateRequest, TranslateResponse
 
@@ -145,8 +145,6 @@ def add_routes(app: FastAPI, server) -> None:
             seconds=round(time.perf_counter() - start, 4),
         )
 
-    _describe_translate_bodies(app)
-
 
 def _one_model(server, req: AttentionRequest) -> Model:
     """The one model of an attention request's pair: attention through two models has no one matrix."""
@@ -154,43 +152,3 @@ def _one_model(server, req: AttentionRequest) -> Model:
     if len(models) > 1:
         raise HTTPException(400, f"no one model translates {models[0].source} to {models[-1].target}: no attention")
     return models[0]
-
-
-def _describe_translate_bodies(app: FastAPI) -> None:
-    """POST /translate takes either shape, parsed by hand: describe both in the OpenAPI schema."""
-    bodies = (
-        TranslateRequest,
-        libretranslate.LibreTranslateRequest,
-        libretranslate.DetectRequest,
-        libretranslate.SuggestRequest,
-    )
-
-    def openapi() -> dict:
-        if app.openapi_schema:
-            return app.openapi_schema
-        from fastapi.openapi.utils import get_openapi
-
-        schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
-        defs = schema.setdefault("components", {}).setdefault("schemas", {})
-        for model in bodies:
-            body = model.model_json_schema(ref_template="#/components/schemas/{model}")
-            defs.update(body.pop("$defs", {}))
-            defs[model.__name__] = body
-        ref = lambda name: {"$ref": f"#/components/schemas/{name}"}  # noqa: E731
-        libre = ref("LibreTranslateRequest")
-        schema["paths"]["/translate"]["post"]["requestBody"] = {
-            "required": True,
-            "content": {
-                "application/json": {"schema": {"oneOf": [ref("TranslateRequest"), libre]}},
-                FORM: {"schema": libre},
-            },
-        }
-        for path, body in (("/detect", "DetectRequest"), ("/suggest", "SuggestRequest")):
-            schema["paths"][path]["post"]["requestBody"] = {
-                "required": True,
-                "content": {"application/json": {"schema": ref(body)}, FORM: {"schema": ref(body)}},
-            }
-        app.openapi_schema = schema
-        return schema
-
-    app.openapi = openapi

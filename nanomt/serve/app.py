@@ -21,14 +21,14 @@ from nanomt.core.decoding import Decoding
 from nanomt.decoding import calibration
 from nanomt.decoding.translate import Translator
 from nanomt.documents import markup
-from nanomt.serve import api, apidocs, confidence, libretranslate, page
+from nanomt.serve import api, apidocs, confidence, libretranslate, openapi, page
 from nanomt.serve.access import Access, Client, presented_key, same_key
 from nanomt.serve.batching import Batcher, Closed, JobTimeout, QueueFull
 from nanomt.serve.bodies import BodyLimit
 from nanomt.serve.breaker import Guarded
 from nanomt.serve.cache import SentenceCache
 from nanomt.serve.corrections import TranslationMemory
-from nanomt.serve.errors import add_error_handlers, error
+from nanomt.serve.errors import add_error_handlers, error, errors
 from nanomt.serve.metrics import ServerMetrics, add_observer
 from nanomt.serve.models import Model, ModelSet
 from nanomt.serve.settings import MAX_BEAM, ServeConfig
@@ -279,6 +279,7 @@ def create_app(
     libretranslate.add_routes(app, server)
     _add_probes(app, server)
     page.add_routes(app)
+    openapi.describe(app, server)
     if not config.no_docs:
         apidocs.add_routes(app)
     app.add_middleware(BodyLimit, limit=config.body_limit)  # inside the observer, which counts its 413s
@@ -316,7 +317,7 @@ def _add_probes(app: FastAPI, server: Server) -> None:
             "store": {"url": server.store.url, "reachable": not server.store.down},
         }
 
-    @app.get("/ready", responses={503: {"description": "not ready: queue full, shutting down, no progress"}})
+    @app.get("/ready", responses=errors(503))
     async def ready() -> JSONResponse:
         """Readiness: the worker runs and the queue has room (else a 503)."""
         engine = server.engine

@@ -131,12 +131,29 @@ def add_error_handlers(app: FastAPI) -> None:
         return error(500, f"internal server error: {type(exc).__name__}")
 
 
-ERRORS = {
-    400: {"description": "malformed JSON or text"},
-    403: {"description": "missing or wrong API key"},
-    413: {"description": "too many sentences or characters"},
-    415: {"description": "neither JSON nor LibreTranslate's form"},
-    422: {"description": "invalid fields"},
-    503: {"description": "the queue is full or the server is shutting down (with Retry-After)"},
-    504: {"description": "not translated within the server's timeout"},
+class ErrorBody(BaseModel):
+    """The one error body of the API."""
+
+    error: str
+    detail: object = None
+
+
+def errors(*codes: int) -> dict:
+    """The error responses of a route, for its OpenAPI description (each with the one error body)."""
+    return {code: {"description": ERROR_CODES[code], "model": ErrorBody} for code in codes}
+
+
+RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before trying again", "schema": {"type": "integer"}}}
+ERROR_CODES = {
+    400: "malformed JSON or text, a language not served",
+    403: "missing or wrong API key",
+    404: "no such file, or no longer kept",
+    413: "a body past its limit, too many sentences or characters",
+    415: "neither JSON nor LibreTranslate's form, or a file type not translated",
+    422: "invalid fields",
+    429: "past the requests a minute of the key or address, or past its wrong keys (with Retry-After)",
+    503: "the queue is full, the server is shutting down, or the store is unreachable (with Retry-After)",
+    504: "not translated within the server's timeout",
+    507: "the translation memory holds as many corrections as it may",
 }
+ERRORS = errors(400, 403, 413, 415, 422, 429, 503, 504)  # every route that translates

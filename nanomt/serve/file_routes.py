@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field, StrictStr
 from starlette.datastructures import UploadFile
 
 from nanomt.documents import files
-from nanomt.serve.errors import ERRORS, FORM, MULTIPART, Refused, invalid, validate
+from nanomt.serve.errors import ERRORS, FORM, MULTIPART, Refused, errors, invalid, validate
 
 KEEP_PER_CLIENT = 8  # translated files one client has awaiting download, its oldest dropped first
 KEEP_FILES = 256  # and every client's together
@@ -88,7 +88,7 @@ def add_routes(app: FastAPI, server, routed) -> None:
         if len(data) > limit:
             raise HTTPException(413, f"{name}: larger than the limit of {limit:,} bytes")
         try:
-            fmt = files.file_format(name)
+            fmt = files.file_format(name, data)
         except files.UnsupportedFile as e:
             raise HTTPException(415, str(e)) from None
         client = await server.check_key(request, fields.api_key)
@@ -109,7 +109,12 @@ def add_routes(app: FastAPI, server, routed) -> None:
 
     @app.get(
         "/download_file/{name}",
-        responses={404: {"description": "no such file, or no longer kept"}, 503: {"description": "store unreachable"}},
+        responses={
+            200: {
+                "content": {t: {"schema": {"type": "string", "format": "binary"}} for t in files.MEDIA_TYPES.values()}
+            },
+            **errors(404, 503),
+        },
     )
     async def download_file(name: str) -> Response:
         """A translated file, by the name /translate_file gave."""

@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field, StrictBool, StrictStr
 from nanomt.documents import files
 from nanomt.serve import confidence, file_routes
 from nanomt.serve.documents import Route
-from nanomt.serve.errors import ERRORS, check_size, read_body, validate
+from nanomt.serve.errors import ERRORS, check_size, errors, read_body, validate
 from nanomt.serve.models import LANGUAGE_NAMES, NoRoute
 from nanomt.serve.schemas import JsonInt, SentenceConfidence, Text
 
@@ -194,7 +194,7 @@ def add_routes(app: FastAPI, server) -> None:
         check_size(texts, server.config.sentence_limit, server.config.max_chars)
         return (await detect_all(server, request, [" ".join(texts)], candidates(server)))[0]
 
-    @app.post("/suggest", responses=ERRORS)
+    @app.post("/suggest", responses=errors(400, 403, 413, 415, 422, 429, 503, 507))
     async def suggest(request: Request) -> dict:
         """LibreTranslate's corrections, with --suggestions: from a trusted key the sentence q of the pair is
         answered with s from now on (by every replica sharing the store, in documents too); from anyone else it is

@@ -138,12 +138,28 @@ class DecodingRequest(BaseModel):
         return {k: v for k, v in settings.items() if v is not None}
 
 
+def one_or_a_list(schema: dict) -> None:
+    """A list of strings that takes one string alone too (made a list of one before it is checked): its schema."""
+    listed = {k: schema.pop(k) for k in ("type", "items", "minItems") if k in schema}
+    schema["anyOf"] = [{"type": "string"}, listed]
+
+
+def one_or_a_list_or_null(schema: dict) -> None:
+    """one_or_a_list for an optional field (its schema anyOf [list, null])."""
+    listed = next(option for option in schema["anyOf"] if option.get("type") == "array")
+    schema["anyOf"] = [{"type": "string"}, listed, {"type": "null"}]
+
+
 class TranslateRequest(DecodingRequest):
     """Sentences to translate; one string is taken as a list of one."""
 
-    text: list[Text] = Field(min_length=1, description="sentences (a single string is accepted)")
+    text: list[Text] = Field(
+        min_length=1, description="sentences (a single string is accepted)", json_schema_extra=one_or_a_list
+    )
     prefix: list[Text | None] | None = Field(
-        default=None, description="per sentence, target text its translation starts with (null: none)"
+        default=None,
+        description="per sentence, target text its translation starts with (null: none); one string for one sentence",
+        json_schema_extra=one_or_a_list_or_null,
     )
     split: StrictBool = Field(
         default=False,
@@ -205,8 +221,9 @@ class SentenceConfidence(BaseModel):
 
     source: str
     translation: str
-    confidence: float | None  # null: the model has no calibration, or the sentence came from the translation memory
-    confidence_raw: float | None  # null: from the translation memory
+    # Left out (null) where the model has no calibration, or the sentence came from the translation memory.
+    confidence: float | None = None
+    confidence_raw: float | None = None  # left out: from the translation memory
     words: list[WordProbability]
     doubtful: list[str]  # the words whose probability is under 0.5
     low: bool | None = None  # with a min_confidence: whether its confidence is under it
