@@ -79,6 +79,8 @@ def add_routes(app: FastAPI, server, routed) -> None:
         """Translate a file, keeping its formatting; download it from the URL in the answer."""
         content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if content_type not in (MULTIPART, FORM):  # a urlencoded form has no file: a 422 that names it
+            async for _ in request.stream():  # read to its end (bounded), dropped: a proxy must get the answer
+                pass
             raise HTTPException(415, f"send the file as {MULTIPART} (fields file, source, target, api_key)")
         limit = server.config.files_max_bytes
         # Uploads are spooled (to disk past 1 MiB) while the form is read and removed when it closes.
