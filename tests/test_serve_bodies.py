@@ -80,6 +80,7 @@ def send_chunked(url: str, path: str, total: int, chunk: int = 256 * 1024) -> tu
     return status, sent
 
 
+@pytest.mark.slow  # a real nanomt serve process
 def test_a_chunked_body_past_the_limit_is_a_413_before_it_is_kept(server):
     proc, url = server
     httpx.post(f"{url}/translate", json={"text": ["la nuka."]}, timeout=30)  # the process at its working size
@@ -94,6 +95,7 @@ def test_a_chunked_body_past_the_limit_is_a_413_before_it_is_kept(server):
     assert httpx.post(f"{url}/translate", json={"text": ["la nuka."]}, timeout=30).status_code == 200
 
 
+@pytest.mark.slow  # a real nanomt serve process
 def test_a_refused_body_is_read_to_its_end_so_the_answer_reaches_a_proxy(server):
     """As nginx sends it (HTTP/1.0, Connection: close, Content-Length): the whole body, then the answer is read. A
     server that closed at once, unread data left, reset the connection: nginx lost the 413 and said 502."""
@@ -164,3 +166,11 @@ def test_a_file_form_is_read_by_hand_and_refused_in_the_api_shape(run_dir, lines
         start = time.monotonic()
         res = client.post("/translate_file", data=LT, files={"file": ("a.txt", f"{lines[0]}\n".encode())})
         assert res.status_code == 200 and time.monotonic() - start < 30, res.text
+
+
+def test_the_page_states_the_servers_file_limit(run_dir):
+    translator = Translator.from_checkpoint(run_dir)
+    for limit in (None, MB):
+        with TestClient(create_app(translator, access_log=False, file_limit=limit)) as client:
+            page = client.get("/").text
+            assert f'data-max-file-bytes="{limit or files.MAX_FILE_BYTES}"' in page

@@ -278,7 +278,7 @@ def create_app(
     api.add_routes(app, server)
     libretranslate.add_routes(app, server)
     _add_probes(app, server)
-    page.add_routes(app)
+    page.add_routes(app, config.files_max_bytes)
     openapi.describe(app, server)
     if not config.no_docs:
         apidocs.add_routes(app)

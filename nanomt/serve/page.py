@@ -11,8 +11,6 @@ from pathlib import Path
 from fastapi import FastAPI, HTTPException
 from fastapi.responses import HTMLResponse, Response
 
-from nanomt.documents import files
-
 STATIC = Path(__file__).resolve().parent / "static"
 MEDIA_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml"}
 # The page's scripts and styles are served by name, from this list only: no path reaches outside static/.
@@ -26,15 +24,15 @@ SECURITY = {
 }
 
 
-def index_html() -> str:
+def index_html(max_file_bytes: int) -> str:
     """The page, with what it cannot ask the server for filled in (the largest file /translate_file takes)."""
     text = (STATIC / "index.html").read_text(encoding="utf-8")
-    return text.replace("{{MAX_FILE_BYTES}}", str(files.MAX_FILE_BYTES))
+    return text.replace("{{MAX_FILE_BYTES}}", str(max_file_bytes))
 
 
-def add_routes(app: FastAPI) -> None:
+def add_routes(app: FastAPI, max_file_bytes: int) -> None:
     """`/`: the page; `/static/NAME`: its scripts and styles."""
-    page = index_html()
+    page = index_html(max_file_bytes)
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def index() -> HTMLResponse:
