@@ -59,6 +59,7 @@ def load(url: str, lines: list[str], n: int = 8) -> list[tuple]:
         return list(ex.map(one, range(n)))
 
 
+@pytest.mark.slow  # a real nanomt serve process
 def test_a_paused_redis_costs_each_request_a_bounded_wait_and_is_used_again_once_resumed(run_dir, lines, tmp_path):
     redis = start_redis()
     args = ["--store", redis.url, "--req-limit", "1000", "--timeout", "30", "--no-access-log"]

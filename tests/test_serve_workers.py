@@ -52,6 +52,7 @@ def burst(url: str, paragraphs: list[str]) -> list:
         return list(ex.map(one, paragraphs))
 
 
+@pytest.mark.slow  # real nanomt serve processes
 @pytest.mark.parametrize("store", ["sqlite", "redis", "memory"])
 def test_a_burst_of_paragraphs_is_answered_on_every_store_from_the_first_requests(store, run_dir, paragraphs, tmp_path):
     redis = start_redis() if store == "redis" else None

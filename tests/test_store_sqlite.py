@@ -23,6 +23,7 @@ for i in range(int(sys.argv[3])):
 """
 
 
+@pytest.mark.slow  # two Python processes
 def test_two_processes_writing_one_file_at_once_lose_nothing(tmp_path):
     url, n = f"sqlite:///{tmp_path}/store.db", 300
     open_store(url).close()
