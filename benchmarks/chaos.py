@@ -84,6 +84,8 @@ class Replica:
     log: Path
     proc: subprocess.Popen | None = None
     lives: list[dict] = field(default_factory=list)
+    signalled: float = 0.0  # time.monotonic() of the last signal, and of the exit it caused
+    exited: float = 0.0
 
     def start(self) -> None:
         import httpx
@@ -97,7 +99,8 @@ class Replica:
             if self.proc.poll() is not None:
                 raise SystemExit(f"replica {self.name} exited:\n{self.log.read_text()[-2000:]}")
             try:
-                if httpx.get(f"http://127.0.0.1:{self.port}/ready", timeout=2).status_code == 200:
+                ready = httpx.get(f"http://127.0.0.1:{self.port}/ready", timeout=2).status_code == 200
+                if ready and self.proc.poll() is None:  # this process answered, not another on its port
                     rss = rss_mb(self.proc.pid)
                     self.lives.append({"pid": self.proc.pid, "rss_start_mb": rss, "rss_max_mb": rss})
                     return
@@ -118,11 +121,8 @@ class Replica:
         start = time.monotonic()
         self.proc.send_signal(sig)
         status = self.proc.wait(90)
-        ended = {
-            "signal": signal.Signals(sig).name,
-            "exit_status": status,
-            "seconds": round(time.monotonic() - start, 2),
-        }
+        self.signalled, self.exited = start, time.monotonic()
+        ended = {"signal": signal.Signals(sig).name, "exit_status": status, "seconds": round(self.exited - start, 2)}
         self.lives[-1]["ended"] = ended
         self.proc = None
         return ended
@@ -198,6 +198,7 @@ class Record:
     start: float  # time.monotonic() when it was sent
     seconds: float
     upstream: str = ""  # the replica (or replicas, where nginx passed it on) that answered, as nginx says
+    error: str = ""  # where no answer came: the client's error
 
     @property
     def outcome(self) -> str:
@@ -221,22 +222,22 @@ class Load:
             while not self.stopping.is_set():
                 kind, (method, path, kw, expected) = self.requests.pick(rng)
                 self.send(http, kind, method, path, kw, expected)
-                time.sleep(rng.uniform(0.0, 0.05))
+                time.sleep(rng.uniform(0.0, 0.01))
 
     def send(self, http, kind, method, path, kw, expected) -> None:
         import httpx
 
         phase, start = self.phase, time.monotonic()
-        status, upstream = None, ""
+        status, upstream, error = None, "", ""
         try:
             res = http.request(method, path, **kw)
             status, upstream = res.status_code, res.headers.get("x-upstream", "")
             if kind == "file" and status == 200:  # and its download, through either replica
                 link = res.json()["translatedFileUrl"].split("/", 3)[3]
                 self.send(http, "download", "GET", f"/{link}", {}, 200)
-        except httpx.HTTPError:
-            pass
-        self.records.append(Record(kind, phase, status, expected, start, time.monotonic() - start, upstream))
+        except httpx.HTTPError as e:
+            error = f"{type(e).__name__}: {e}"[:200]
+        self.records.append(Record(kind, phase, status, expected, start, time.monotonic() - start, upstream, error))
 
     def run(self, faults) -> None:
         with ThreadPoolExecutor(self.clients + 1) as ex:
@@ -278,7 +279,8 @@ def faults(redis: subprocess.Popen, replicas: list[Replica], seconds: float, eve
         at(0.78)
         load.phase = "sigkill"
         ended = replicas[0].stop(signal.SIGKILL)
-        event(f"replica {replicas[0].name} SIGKILL", replica=replicas[0].port, **ended)
+        window = (replicas[0].signalled, replicas[0].exited)
+        event(f"replica {replicas[0].name} SIGKILL", replica=replicas[0].port, window=window, **ended)
         replicas[0].start()
         event(f"replica {replicas[0].name} ready again")
         load.phase = "steady"
@@ -329,7 +331,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--checkpoint", type=Path, default=None, help="the run to serve (default: a toy run trained first)")
     p.add_argument("--sentences", type=Path, default=None, help="source sentences (default: the toy pair's test set)")
     p.add_argument("--seconds", type=float, default=150.0, help="how long the load runs (the faults at its shares)")
-    p.add_argument("--clients", type=int, default=4, help="concurrent clients (default %(default)s)")
+    p.add_argument("--clients", type=int, default=8, help="concurrent clients (default %(default)s)")
     p.add_argument("--out", type=Path, default=RESULTS / "chaos.json")
     args = p.parse_args(argv)
     for binary in (REDIS, NGINX):
@@ -347,7 +349,7 @@ def chaos(args: argparse.Namespace, tmp: Path) -> dict:
     run = args.checkpoint or toy_run(tmp)
     sentences_file = args.sentences or (tmp / "demo" / "data" / "test.src")
     sentences = [s for s in sentences_file.read_text().splitlines() if s.strip()][:200]
-    redis_port, ports, nginx_port = free_port(), [free_port(), free_port()], free_port()
+    redis_port, *ports, nginx_port = distinct_ports(4)
     redis = subprocess.Popen(
         [REDIS, "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
          "--maxmemory", "256mb", "--maxmemory-policy", "noeviction"],
@@ -391,6 +393,15 @@ def chaos(args: argparse.Namespace, tmp: Path) -> dict:
     return report(args, run, load.records, events, replicas, wall)
 
 
+def distinct_ports(n: int) -> list[int]:
+    """n free local ports, no two the same (a port freed after a look may be the next look's)."""
+    found: list[int] = []
+    while len(found) < n:
+        port = free_port()
+        found += [] if port in found else [port]
+    return found
+
+
 def wait_for(url: str, seconds: float = 30) -> None:
     import httpx
 
@@ -415,18 +426,21 @@ def report(args, run: Path, records: list[Record], events: list[dict], replicas:
     requests = summary(records)
     phases = requests["by_phase"]
     killed = next(e for e in events if e["what"].endswith("SIGKILL"))
-    # In flight at the kill: sent before it, answered (or not) after. Those on the killed replica may be lost; every
-    # other request of the phase must not be (after the kill nginx passes them to the other replica).
-    flying = [r for r in records if r.start <= killed["at"] <= r.start + r.seconds]
-    lost_after = [r for r in records if r.phase == "sigkill" and r.outcome == "lost" and r not in flying]
+    # In flight at the kill: sent before the replica was gone, answered (or not) after the signal. Those on the killed
+    # replica may be lost; no other request may be (nginx passes a refused connection to the other replica).
+    signalled, exited = killed["window"]
+    flying = [r for r in records if r.start <= exited and r.start + r.seconds >= signalled]
+    lost = [r for r in records if r.outcome == "lost"]
+    # A 502 names the replica that failed it; a request whose answer the replica had begun has none (nginx cuts it).
+    elsewhere = [r for r in lost if r not in flying or (r.upstream and f":{killed['replica']}" not in r.upstream)]
     lives = [{"replica": r.name, **life} for r in replicas for life in r.lives]
-    growth = max(life.get("rss_end_mb", life["rss_start_mb"]) - life["rss_start_mb"] for life in lives)
+    growth = max(life["rss_max_mb"] - life["rss_start_mb"] for life in lives)  # each process, over its life
     bounds = {
         "lost_in_rolling_restart": phases.get("rolling_restart", {}).get("lost", 0),
         "lost_while_redis_paused": phases.get("redis_paused", {}).get("lost", 0),
         "lost_at_sigkill": sum(r.outcome == "lost" for r in flying),
         "in_flight_at_sigkill": len(flying),
-        "lost_after_sigkill": len(lost_after),
+        "lost_but_not_in_flight_on_the_killed_replica": len(elsewhere),
         "p99_while_redis_paused_s": phases.get("redis_paused", {}).get("p99_s"),
         "rss_growth_mb_most": round(growth, 1),
         "rss_growth_bound_mb": 150.0,
@@ -434,10 +448,16 @@ def report(args, run: Path, records: list[Record], events: list[dict], replicas:
     bounds["held"] = (
         bounds["lost_in_rolling_restart"] == 0
         and bounds["lost_while_redis_paused"] == 0
-        and bounds["lost_after_sigkill"] == 0
+        and bounds["lost_but_not_in_flight_on_the_killed_replica"] == 0
         and (bounds["p99_while_redis_paused_s"] or 0) < 15.0
         and growth < bounds["rss_growth_bound_mb"]
     )
+    origin = events[0]["at"] - events[0]["at_s"]
+    lost_requests = [
+        {"kind": r.kind, "phase": r.phase, "sent_at_s": round(r.start - origin, 3), "seconds": round(r.seconds, 3),
+         "status": r.status, "upstream": r.upstream, "error": r.error}
+        for r in lost
+    ]  # fmt: skip
     return {
         "what": "two nanomt serve replicas behind nginx on one Redis under a mixed load while Redis is stopped and "
         "resumed, each replica restarted with SIGTERM in turn, and one killed with SIGKILL (benchmarks/chaos.py)",
@@ -456,8 +476,9 @@ def report(args, run: Path, records: list[Record], events: list[dict], replicas:
             "redis_policy": "maxmemory 256mb, maxmemory-policy noeviction",
             "kinds": KINDS,
         },  # fmt: skip
-        "faults": [{k: v for k, v in e.items() if k not in ("at", "replica")} for e in events],
+        "faults": [{k: v for k, v in e.items() if k not in ("at", "replica", "window")} for e in events],
         "requests": requests,
+        "lost_requests": lost_requests,
         "replicas": lives,
         "nginx_retries": RETRIES,
         "bounds": bounds,
