@@ -59,7 +59,7 @@ http {{
       proxy_pass http://nanomt;
       proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
       proxy_read_timeout 70s;                   # past --timeout, so that a 504 is the server's
-      proxy_next_upstream error timeout;        # a refused connection goes to the other replica, POST too
+      proxy_next_upstream error timeout non_idempotent;   # a failed one to the other replica: POSTs too
       proxy_next_upstream_tries 2;
       add_header X-Upstream $upstream_addr always;
     }}
@@ -67,10 +67,12 @@ http {{
 }}
 """
 RETRIES = (
-    "nginx passes a request to the other replica when connecting to the first fails (proxy_next_upstream error "
-    "timeout), POST included: nothing was sent yet. Once a request has been sent, nginx does not retry a "
-    "non-idempotent one (POST): a replica killed with it in flight answers it 502, and every request here is a POST "
-    "but the downloads (GET, idempotent, which nginx would retry on error or timeout)."
+    "proxy_next_upstream error timeout non_idempotent: nginx passes a request to the other replica when the first "
+    "refuses the connection or fails before a byte of its answer (a replica draining after SIGTERM drops the "
+    "connections still in its listen backlog; a killed one every connection), POSTs included: every POST of nanomt's "
+    "is safe to send twice (a translation has no side effect, a repeated suggestion is one more to review, a repeated "
+    "file one more kept for an hour). Without non_idempotent nginx retries only the GETs (downloads) once a request "
+    "was sent, and such a POST is a 502. A request whose answer the killed replica had begun is lost either way."
 )
 
 
