@@ -2,6 +2,7 @@
 
 import os
 import sys
+import time
 import tracemalloc
 from dataclasses import dataclass
 from pathlib import Path
@@ -191,6 +192,27 @@ def hf_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True)
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
     return home
+
+
+@pytest.fixture(scope="session")
+def served_run(toy_corpus, tmp_path_factory) -> Path:
+    """A tiny run for the server's tests that need a model, not a good one (60 steps): read only."""
+    from nanomt.core.config import config_from_dict
+    from nanomt.training.train import train
+
+    torch.set_num_threads(1)
+    cfg = tiny_config(toy_corpus, max_steps=60, eval_every=60, save_every=60)
+    return train(config_from_dict(cfg), tmp_path_factory.mktemp("served") / "run")
+
+
+def best_seconds(f, *args, runs: int = 3) -> float:
+    """The fastest of `runs` runs of f(*args): the least disturbed by whatever else the machine runs."""
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        f(*args)
+        times.append(time.perf_counter() - start)
+    return min(times)
 
 
 @pytest.fixture(scope="session")

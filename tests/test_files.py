@@ -3,12 +3,12 @@
 import html
 import io
 import re
-import time
 import zipfile
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import best_seconds
 
 from nanomt.documents import files, markup
 from nanomt.documents.files import FileTooLarge, UnsupportedFile
@@ -227,22 +227,14 @@ def test_markdown_emphasis_follows_its_words_when_they_move():
     assert out == b"HERE *IT* AND **BOLD** A\n"
 
 
-def seconds(f, *args) -> float:
-    """The fastest of three runs of f(*args): the least disturbed by whatever else the machine runs."""
-    times = []
-    for _ in range(3):
-        start = time.perf_counter()
-        f(*args)
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
 # Openers nothing on the line closes: an HTML comment, a backtick after an escaped one (no lone backtick follows),
 # a link title in parentheses. A search for the closer from each of them made the line's time quadratic.
 @pytest.mark.parametrize("opener, n", [("<!--", 4000), ("\\``", 3000), ("]( (", 8000)])
 def test_a_markdown_line_of_unclosed_openers_parses_in_linear_time(opener, n):
     small, large = ("der Hund " + opener * (k // len(opener)) for k in (n, 8 * n))
-    assert seconds(files._markdown_line, large, []) < 3 * 8 * seconds(files._markdown_line, small, [])  # not 64x
+    assert best_seconds(files._markdown_line, large, []) < 3 * 8 * best_seconds(
+        files._markdown_line, small, []
+    )  # not 64x
     items = files._markdown_line(small, [])
     assert files.joined(items) == small
     assert all(len(str(i.raw)) <= len(opener) for i in items if isinstance(i, markup.Tag))  # none closed

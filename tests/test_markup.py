@@ -3,10 +3,10 @@
 import html
 import random
 import re
-import time
 
 import numpy as np
 import pytest
+from conftest import best_seconds
 
 from nanomt.decoding.alignment import cross_attention
 from nanomt.documents import markup
@@ -461,16 +461,6 @@ def test_malformed_html_is_translated_as_well_as_it_can_be_and_never_raises():
         markup.translate_html([doc], Fake(shuffled, subwords=True))
 
 
-def seconds(f, *args) -> float:
-    """The fastest of three runs of f(*args): the least disturbed by whatever else the machine runs."""
-    times = []
-    for _ in range(3):
-        start = time.perf_counter()
-        f(*args)
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
 # Markup that nothing after it closes, repeated to the end: the standard parser's close() searched for its end again
 # from each one. "ľ" (U+013E) has the low byte of ">": str.find cannot skip ahead with memchr, so the declaration's
 # quadratic time shows at a test's size.
@@ -479,7 +469,7 @@ def seconds(f, *args) -> float:
 )
 def test_unclosed_markup_parses_in_linear_time_and_is_kept_as_it_is(unclosed, n):
     small, large = ("<p>der Hund " + unclosed * (k // len(unclosed)) for k in (n, 8 * n))
-    assert seconds(markup.html_parts, large) < 3 * 8 * seconds(markup.html_parts, small)  # not 64x
+    assert best_seconds(markup.html_parts, large) < 3 * 8 * best_seconds(markup.html_parts, small)  # not 64x
     out = markup.translate_html([small], markup.plain(lambda xs: [x.upper() for x in xs]))[0]
     assert out == "<p>DER HUND " + small.removeprefix("<p>der Hund ")
 

@@ -2,11 +2,6 @@
 no proxy, IPv6 clients by their /64, wrong keys throttled per address before any key is compared."""
 
 import pytest
-import torch
-from conftest import tiny_config
-
-from nanomt.core.config import config_from_dict
-from nanomt.training.train import train
 
 pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
@@ -18,10 +13,8 @@ from nanomt.serve.keys import key_line  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def translator(toy_corpus, tmp_path_factory):
-    torch.set_num_threads(1)
-    cfg = config_from_dict(tiny_config(toy_corpus, max_steps=10, eval_every=10, save_every=10))
-    return Translator.from_checkpoint(train(cfg, tmp_path_factory.mktemp("access") / "run"))
+def translator(served_run):
+    return Translator.from_checkpoint(served_run)
 
 
 def statuses(client: TestClient, forwarded: list[str]) -> list[int]:

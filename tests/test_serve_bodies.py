@@ -10,12 +10,7 @@ import time
 
 import numpy as np
 import pytest
-import torch
-from conftest import tiny_config
 from servers import rss_bytes, start_server_retrying, stop
-
-from nanomt.core.config import config_from_dict
-from nanomt.training.train import train
 
 pytest.importorskip("fastapi")
 docx = pytest.importorskip("docx")
@@ -32,10 +27,8 @@ MB = 2**20
 
 
 @pytest.fixture(scope="module")
-def run_dir(toy_corpus, tmp_path_factory):
-    torch.set_num_threads(1)
-    cfg = config_from_dict(tiny_config(toy_corpus, max_steps=20, eval_every=20, save_every=20))
-    return train(cfg, tmp_path_factory.mktemp("bodies") / "run")
+def run_dir(served_run):
+    return served_run
 
 
 @pytest.fixture(scope="module")

@@ -5,11 +5,6 @@ the miss counter; with --cache-per-key each client has a cache of its own."""
 import shutil
 
 import pytest
-import torch
-from conftest import tiny_config
-
-from nanomt.core.config import config_from_dict
-from nanomt.training.train import train
 
 pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
@@ -22,10 +17,8 @@ from nanomt.serve.store import open_store  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def run_dir(toy_corpus, tmp_path_factory):
-    torch.set_num_threads(1)
-    cfg = config_from_dict(tiny_config(toy_corpus, max_steps=60, eval_every=60, save_every=60))
-    return train(cfg, tmp_path_factory.mktemp("cache") / "run")
+def run_dir(served_run):
+    return served_run
 
 
 @pytest.fixture(scope="module")

@@ -5,11 +5,6 @@ memory (no made-up confidence), and the served ones are bounded."""
 import json
 
 import pytest
-import torch
-from conftest import tiny_config
-
-from nanomt.core.config import config_from_dict
-from nanomt.training.train import train
 
 pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
@@ -26,10 +21,8 @@ POISON = "POISONED BY A STRANGER."
 
 
 @pytest.fixture(scope="module")
-def translator(toy_corpus, tmp_path_factory):
-    torch.set_num_threads(1)
-    cfg = config_from_dict(tiny_config(toy_corpus, max_steps=20, eval_every=20, save_every=20))
-    return Translator.from_checkpoint(train(cfg, tmp_path_factory.mktemp("corrections") / "run"))
+def translator(served_run):
+    return Translator.from_checkpoint(served_run)
 
 
 @pytest.fixture(scope="module")

@@ -5,11 +5,6 @@ import re
 import threading
 
 import pytest
-import torch
-from conftest import tiny_config
-
-from nanomt.core.config import config_from_dict
-from nanomt.training.train import train
 
 pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
@@ -18,10 +13,8 @@ from nanomt.serve import ModelSet, ModelSpec, create_app  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def run_dir(toy_corpus, tmp_path_factory):
-    torch.set_num_threads(1)
-    cfg = config_from_dict(tiny_config(toy_corpus, max_steps=10, eval_every=10, save_every=10))
-    return train(cfg, tmp_path_factory.mktemp("probes") / "run")
+def run_dir(served_run):
+    return served_run
 
 
 def served(run_dir, **settings) -> TestClient:

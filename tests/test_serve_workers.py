@@ -6,12 +6,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-import torch
-from conftest import tiny_config
 from servers import start_redis, start_server_retrying, stop
-
-from nanomt.core.config import config_from_dict
-from nanomt.training.train import train
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
@@ -26,10 +21,8 @@ BURST = 16  # requests at once: more than the documents pool's threads and the d
 
 
 @pytest.fixture(scope="module")
-def run_dir(toy_corpus, tmp_path_factory):
-    torch.set_num_threads(1)
-    cfg = config_from_dict(tiny_config(toy_corpus, max_steps=20, eval_every=20, save_every=20))
-    return train(cfg, tmp_path_factory.mktemp("workers") / "run")
+def run_dir(served_run):
+    return served_run
 
 
 @pytest.fixture(scope="module")
