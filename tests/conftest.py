@@ -195,6 +195,12 @@ def hf_cache(tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="session")
+def lines(toy_corpus) -> list[str]:
+    """The toy pair's test sentences (a module may give its own `lines`)."""
+    return toy_corpus["test.src"].read_text().splitlines()
+
+
+@pytest.fixture(scope="session")
 def served_run(toy_corpus, tmp_path_factory) -> Path:
     """A tiny run for the server's tests that need a model, not a good one (60 steps): read only."""
     from nanomt.core.config import config_from_dict

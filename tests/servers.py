@@ -29,6 +29,14 @@ def missing(what: str) -> None:
     pytest.skip(what)
 
 
+def metric(exposition: str, name: str) -> float:
+    """A sample's value in a Prometheus text exposition (/metrics), 0 where the server has none yet."""
+    for line in exposition.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return 0.0
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

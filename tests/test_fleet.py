@@ -7,7 +7,7 @@ import time
 
 import pytest
 from conftest import NANOMT, tiny_config
-from servers import free_port, start_redis
+from servers import free_port, metric, start_redis
 
 from nanomt.core.config import config_from_dict
 from nanomt.serve.keys import key_line
@@ -70,10 +70,7 @@ def fleet(toy_corpus, tmp_path_factory):
 
 
 def cache_hits(url: str) -> float:
-    for line in httpx.get(f"{url}/metrics").text.splitlines():
-        if line.startswith("nanomt_cache_hits_total "):
-            return float(line.split()[1])
-    return 0.0
+    return metric(httpx.get(f"{url}/metrics").text, "nanomt_cache_hits_total")
 
 
 def test_two_replicas_on_one_redis_serve_as_one(fleet, toy_corpus):

@@ -32,11 +32,6 @@ def run_dir(served_run):
 
 
 @pytest.fixture(scope="module")
-def lines(toy_corpus):
-    return toy_corpus["test.src"].read_text().splitlines()
-
-
-@pytest.fixture(scope="module")
 def server(run_dir, tmp_path_factory):
     proc, url, log = start_server_retrying(run_dir, tmp_path_factory.mktemp("bodies-server"), ["--no-access-log"])
     yield proc, url

@@ -6,7 +6,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from servers import start_redis, start_server_retrying, stop
+from servers import metric, start_redis, start_server_retrying, stop
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
@@ -23,11 +23,6 @@ BOUND = 15.0  # seconds any request may take while the store hangs (the store's 
 @pytest.fixture(scope="module")
 def run_dir(served_run):
     return served_run
-
-
-@pytest.fixture(scope="module")
-def lines(toy_corpus):
-    return toy_corpus["test.src"].read_text().splitlines()
 
 
 def timed(fn):
@@ -85,10 +80,7 @@ def test_a_paused_redis_costs_each_request_a_bounded_wait_and_is_used_again_once
 
 
 def cache_misses(url: str) -> float:
-    for line in httpx.get(f"{url}/metrics").text.splitlines():
-        if line.startswith("nanomt_cache_misses_total "):
-            return float(line.split()[1])
-    return 0.0
+    return metric(httpx.get(f"{url}/metrics").text, "nanomt_cache_misses_total")
 
 
 def test_limits_that_fail_closed_refuse_in_bounded_time_while_the_store_hangs(run_dir, lines):

@@ -5,6 +5,7 @@ the miss counter; with --cache-per-key each client has a cache of its own."""
 import shutil
 
 import pytest
+from servers import metric
 
 pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
@@ -21,16 +22,8 @@ def run_dir(served_run):
     return served_run
 
 
-@pytest.fixture(scope="module")
-def lines(toy_corpus):
-    return toy_corpus["test.src"].read_text().splitlines()
-
-
 def counter(client, name: str) -> float:
-    for line in client.get("/metrics").text.splitlines():
-        if line.startswith(f"nanomt_cache_{name}_total "):
-            return float(line.split()[1])
-    raise KeyError(name)
+    return metric(client.get("/metrics").text, f"nanomt_cache_{name}_total")
 
 
 def misses_of(client, body: dict) -> tuple[list[str], float]:

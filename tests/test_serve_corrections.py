@@ -25,11 +25,6 @@ def translator(served_run):
     return Translator.from_checkpoint(served_run)
 
 
-@pytest.fixture(scope="module")
-def lines(toy_corpus):
-    return toy_corpus["test.src"].read_text().splitlines()
-
-
 def suggest(client, q: str, s: str, key: str | None = None):
     return client.post("/suggest", json={"q": q, "s": s, **PAIR, **({"api_key": key} if key else {})})
 
