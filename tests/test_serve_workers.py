@@ -17,7 +17,7 @@ from nanomt.decoding.translate import Translator  # noqa: E402
 from nanomt.serve import create_app  # noqa: E402
 from nanomt.serve.workers import Busy, Expired, Pool  # noqa: E402
 
-BURST = 16  # requests at once: more than the documents pool's threads and the default executor's (6 on 2 cores)
+BURST = 24  # requests at once: more than the documents pool's threads (16) and the default executor's (6 on 2 cores)
 
 
 @pytest.fixture(scope="module")

@@ -105,7 +105,9 @@ def wait(future: Future, deadline: float | None):
 class Pools:
     """The pools of one server (see the module's docstring for what runs on each)."""
 
-    def __init__(self, documents: int = 4, files: int = 2, store: int = 4, work: int = 2, queue: int = 64):
+    # A documents thread mostly waits on its decodes, so many may: the more documents wait together, the fuller the
+    # batches their sentences share. Files and the CPU's own work are few at a time.
+    def __init__(self, documents: int = 16, files: int = 2, store: int = 8, work: int = 2, queue: int = 64):
         self.documents = Pool("documents", documents, queue)
         self.files = Pool("files", files, queue)
         self.store = Pool("store", store, queue)
