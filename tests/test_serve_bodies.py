@@ -21,6 +21,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 from nanomt.decoding.translate import Translator  # noqa: E402
 from nanomt.documents import files  # noqa: E402
 from nanomt.serve import create_app  # noqa: E402
+from nanomt.serve.keys import key_line  # noqa: E402
 
 LT = {"source": "src", "target": "tgt"}
 MB = 2**20
@@ -162,3 +163,20 @@ def test_the_page_states_the_servers_file_limit(run_dir):
         with TestClient(create_app(translator, access_log=False, file_limit=limit)) as client:
             page = client.get("/").text
             assert f'data-max-file-bytes="{limit or files.MAX_FILE_BYTES}"' in page
+
+
+def test_a_wrong_header_key_is_refused_before_the_upload_is_spooled(run_dir, tmp_path, monkeypatch):
+    from starlette.requests import Request
+
+    keys = tmp_path / "keys"
+    keys.write_text(key_line("right", "someone") + "\n")
+    forms, form = [], Request.form
+    monkeypatch.setattr(Request, "form", lambda self, **kw: forms.append(kw) or form(self, **kw))
+    upload = {"file": ("a.txt", b"la nuka.\n" * 400_000)}  # 3.6 MB: spooled to disk, were the form read
+    with TestClient(create_app(Translator.from_checkpoint(run_dir), keys_file=str(keys), access_log=False)) as c:
+        res = c.post("/translate_file", data=LT, files=upload, headers={"Authorization": "Bearer wrong"})
+        assert res.status_code == 403 and forms == [], res.text  # before: the form was read, then the key checked
+        res = c.post("/translate_file", data=LT, files={"file": ("a.txt", b"la.")}, headers={"X-API-Key": "right"})
+        assert res.status_code == 200 and len(forms) == 1, res.text
+        res = c.post("/translate_file", data={**LT, "api_key": "right"}, files={"file": ("a.txt", b"la.")})
+        assert res.status_code == 200, res.text  # a key in the form: read with it, then checked

@@ -13,6 +13,7 @@ from pydantic import BaseModel, Field, StrictStr
 from starlette.datastructures import UploadFile
 
 from nanomt.documents import files
+from nanomt.serve.access import presented_key
 from nanomt.serve.errors import ERRORS, FORM, MULTIPART, Refused, errors, invalid, validate
 
 KEEP_PER_CLIENT = 8  # translated files one client has awaiting download, its oldest dropped first
@@ -69,19 +70,34 @@ def read_file_form(form) -> tuple[str, UploadFile, FileFields]:
     return upload.filename or "file", upload, fields
 
 
+async def dropped(request: Request) -> None:
+    """Read a body to its end (bounded by its limit) and keep none of it: a refusal a proxy can pass on."""
+    async for _ in request.stream():
+        pass
+
+
 def add_routes(app: FastAPI, server, routed) -> None:
     """POST /translate_file and GET /download_file/{name}; `routed(request, source, target)` gives a request's
     Route (LibreTranslate's routing: a 400 naming a language not served)."""
     kept = TranslatedFiles(server.store, server.layout)
+
+    async def admitted(request: Request):
+        """The client of the header's key, or its refusal once the body is read and dropped."""
+        try:
+            return await server.check_key(request, None)
+        except HTTPException:
+            await dropped(request)
+            raise
 
     @app.post("/translate_file", responses=ERRORS, openapi_extra={"requestBody": file_body(", ".join(files.FORMATS))})
     async def translate_file(request: Request) -> dict:
         """Translate a file, keeping its formatting; download it from the URL in the answer."""
         content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if content_type not in (MULTIPART, FORM):  # a urlencoded form has no file: a 422 that names it
-            async for _ in request.stream():  # read to its end (bounded), dropped: a proxy must get the answer
-                pass
+            await dropped(request)
             raise HTTPException(415, f"send the file as {MULTIPART} (fields file, source, target, api_key)")
+        # A key in a header is checked before the form is read: a stranger's upload is never spooled.
+        client = await admitted(request) if presented_key(request, None) else None
         limit = server.config.files_max_bytes
         # Uploads are spooled (to disk past 1 MiB) while the form is read and removed when it closes.
         async with request.form(max_files=1, max_fields=len(FileFields.model_fields)) as form:
@@ -93,7 +109,7 @@ def add_routes(app: FastAPI, server, routed) -> None:
             fmt = files.file_format(name, data)
         except files.UnsupportedFile as e:
             raise HTTPException(415, str(e)) from None
-        client = await server.check_key(request, fields.api_key)
+        client = client or await server.check_key(request, fields.api_key)
         if fields.source == "auto":
             raise HTTPException(400, "source auto: give the file's source language")
         try:
