@@ -14,6 +14,7 @@ from nanomt.decoding.translate import prepare, src_limit
 from nanomt.serve import confidence, libretranslate
 from nanomt.serve.documents import Route
 from nanomt.serve.errors import ERRORS, NOT_JSON, FormFields, check_size, read_body, validate
+from nanomt.serve.jobs import Kind
 from nanomt.serve.models import Model, NoRoute, has_shortlist
 from nanomt.serve.schemas import AttentionRequest, AttentionResponse, TranslateRequest, TranslateResponse
 
@@ -133,9 +134,7 @@ def add_routes(app: FastAPI, server) -> None:
         except ValueError as e:
             raise HTTPException(400, str(e)) from None
         start = time.perf_counter()
-        # Decoded alone (a key of its own), in its turn in the queue.
-        key = ("attention", decoding, object())
-        [att] = await server.decode(request, model, key, [req.text])
+        [att] = await server.decode(request, model, Kind.ATTENTION, decoding, [req.text])  # alone, in its turn
         return AttentionResponse(
             src_tokens=att.src_tokens,
             tgt_tokens=att.tgt_tokens,

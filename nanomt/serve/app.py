@@ -29,6 +29,7 @@ from nanomt.serve.breaker import Guarded
 from nanomt.serve.cache import SentenceCache
 from nanomt.serve.corrections import TranslationMemory
 from nanomt.serve.errors import add_error_handlers, error, errors
+from nanomt.serve.jobs import WORK, JobKey, Kind
 from nanomt.serve.metrics import ServerMetrics, add_observer
 from nanomt.serve.models import Model, ModelSet
 from nanomt.serve.settings import MAX_BEAM, ServeConfig
@@ -69,52 +70,27 @@ class Server:
     def beam(self, model: Model) -> int:
         return self.config.default_beam or model.cfg.decode.beam_size
 
-    def run(self, key: tuple, items: list) -> list:
-        """Decode one batch in the worker: key = (model name, kind, settings...). One thread at a time."""
-        model = next(m for m in self.models.models if m.name == key[0])
-        translator = self.models.translator(model)
-        max_tokens = self.config.max_batch_tokens
-        if key[1] in ("translate", "n_best"):  # items: (text, prefix or None)
-            texts, prefixes = [t for t, _ in items], [p for _, p in items]
-            prefixes = prefixes if any(prefixes) else None
-            if key[1] == "n_best":  # documents: n-best lists, source pieces the vocabulary lacks copied
-                return translator.translate_n_best(
-                    texts, decoding=key[2], max_tokens=max_tokens, prefixes=prefixes, replace_unknowns=True
-                )
-            return translator.translate(texts, decoding=key[2], max_tokens=max_tokens, prefixes=prefixes)
-        if key[1] in ("confident", "confident_units"):  # items: (text, prefix or None); units: documents' sentences
-            texts, prefixes = [t for t, _ in items], [p for _, p in items]
-            return translator.translate_confident(
-                texts,
-                key[2],
-                max_tokens,
-                prefixes if any(prefixes) else None,
-                replace_unknowns=key[1] == "confident_units",  # as documents' n-best lists
-            )
-        if key[1] == "align":  # items: sentences
-            return translator.alignments(items, key[2], max_tokens)
-        if key[1] == "attention":
-            return [translator.attention(items[0], decoding=key[2])]
-        raise ValueError(f"unknown kind of job {key[1]!r}")
+    def run(self, key: JobKey, items: list) -> list:
+        """Decode one batch in the worker (one thread at a time): the work of the key's kind (jobs.WORK)."""
+        model = next(m for m in self.models.models if m.name == key.model)
+        return WORK[key.kind](self.models.translator(model), items, key.decoding, self.config.max_batch_tokens)
 
-    async def decode(self, request: Request, model: Model, key: tuple, items: list) -> list:
+    async def decode(self, request: Request, model: Model, kind: Kind, decoding: Decoding, items: list) -> list:
         """The results for `items` of `model`: corrections from the translation memory, then the sentence cache,
         the rest decoded with others of the same key (or a 503 or 504) and cached."""
         request.state.sentences = getattr(request.state, "sentences", 0) + len(items)
         if not items:  # e.g. an HTML document of tags only
             return []
-        if key[0] not in ("translate", "n_best", "align", "confident", "confident_units"):
-            return await self._decode(model, key, items, request)
+        key = JobKey.of(model.name, kind, decoding)
         results = [None] * len(items)
-        if self.config.suggestions:
-            await self._remembered(request, model, key[0], items, results)
-        cacheable = key[0] in ("translate", "n_best")  # an alignment holds the attention, a Confident the words
+        if self.config.suggestions and kind.remembered:
+            await self._remembered(request, model, kind, items, results)
         keys = [None] * len(items)
-        if self.cache is not None and cacheable and key[1].sampling is None:  # a sample is drawn afresh every time
+        if self.cache is not None and kind.cacheable and decoding.sampling is None:  # a sample is drawn afresh
             keys = await self._cached(request, model, key, items, results)
         todo = [i for i, r in enumerate(results) if r is None]
         if todo:
-            decoded = await self._decode(model, key, [items[i] for i in todo], request)
+            decoded = await self._decode(key, model, [items[i] for i in todo], request)
             for i, value in zip(todo, decoded):
                 results[i] = value
             stored = [(keys[i], results[i]) for i in todo if keys[i] is not None]
@@ -122,18 +98,18 @@ class Server:
                 await self.io(self.cache.put_many, stored, fallback=None)
         return results
 
-    async def _remembered(self, request: Request, model: Model, kind: str, items: list, results: list) -> None:
+    async def _remembered(self, request: Request, model: Model, kind: Kind, items: list, results: list) -> None:
         """Fill `results` with the served corrections of the items (those without a forced prefix)."""
         pairs = [(item, None) if isinstance(item, str) else item for item in items]  # (text, forced prefix)
         unforced = [i for i, (_, prefix) in enumerate(pairs) if prefix is None]
         sources = [pairs[i][0] for i in unforced]
         found = await self.io(self.memory.find_many, model.name, sources, fallback=[None] * len(sources))
         as_result = {
-            "translate": lambda t: t,
-            "n_best": lambda t: [(t, 0.0)],
-            "align": markup.Alignment,  # its tags placed by position: a person's translation has no attention
-            "confident": confidence.from_memory,
-            "confident_units": confidence.from_memory,
+            Kind.TRANSLATE: lambda t: t,
+            Kind.N_BEST: lambda t: [(t, 0.0)],
+            Kind.ALIGN: markup.Alignment,  # its tags placed by position: a person's translation has no attention
+            Kind.CONFIDENT: confidence.from_memory,
+            Kind.CONFIDENT_UNITS: confidence.from_memory,
         }[kind]
         for i, correction in zip(unforced, found):
             if correction is not None:
@@ -141,9 +117,9 @@ class Server:
                 request.state.from_memory = getattr(request.state, "from_memory", set()) | {pairs[i][0]}
                 self.metrics.memory_hits.inc()
 
-    async def _cached(self, request: Request, model: Model, key: tuple, items: list, results: list) -> list:
+    async def _cached(self, request: Request, model: Model, key: JobKey, items: list, results: list) -> list:
         """Fill `results` from the sentence cache; each item's cache key (None where a correction answered it)."""
-        fingerprint, setting = await self.fingerprint(model), f"{key[0]}:{key[1]!r}"
+        fingerprint, setting = await self.fingerprint(model), f"{key.kind.value}:{key.decoding!r}"
         client = getattr(request.state, "client", None)
         partition = client.id if self.config.cache_per_key and client is not None else ""
         keys = [None] * len(items)
@@ -153,7 +129,7 @@ class Server:
         found = await self.io(self.cache.get_many, [keys[i] for i in todo], fallback=[None] * len(todo))
         for i, value in zip(todo, found):
             if value is not None:
-                results[i] = value if key[0] == "translate" else [tuple(h) for h in value]
+                results[i] = value if key.kind is Kind.TRANSLATE else [tuple(h) for h in value]
         hits = sum(v is not None for v in found)
         self.metrics.cache_hits.inc(hits)
         self.metrics.cache_misses.inc(len(todo) - hits)
@@ -203,13 +179,13 @@ class Server:
         pools = self.pools.stalled(stall)
         return f"no progress: work has waited {stall:g} s for a thread ({', '.join(pools)})" if pools else None
 
-    async def _decode(self, model: Model, key: tuple, items: list, request: Request) -> list:
+    async def _decode(self, key: JobKey, model: Model, items: list, request: Request) -> list:
         texts = [item if isinstance(item, str) else item[0] for item in items]
         tokens = sum(len(ids) + 1 for ids in model.tokenizer.encode_src(texts))  # +1: EOS
         deadline = self.deadline(request)
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         try:
-            job = self.engine.submit((model.name, *key), items, tokens, timeout)
+            job = self.engine.submit(key, items, tokens, timeout)
         except QueueFull as e:
             raise HTTPException(503, f"server busy: {e}", headers={"Retry-After": "1"}) from None
         except Closed as e:

@@ -17,13 +17,9 @@ from nanomt.core.decoding import Decoding
 from nanomt.documents import markup
 from nanomt.documents import translation as dt
 from nanomt.documents.segmentation import TextTranslation
+from nanomt.serve.jobs import Kind
 from nanomt.serve.models import Model
 from nanomt.serve.workers import wait
-
-
-def job_key(kind: str, decoding: Decoding) -> tuple:
-    """The batch key of a job: equal kinds and settings share a batch; a seeded sample is a batch of its own."""
-    return (kind, decoding, object() if decoding.decode_alone else None)
 
 
 class Hop:
@@ -34,22 +30,22 @@ class Hop:
         self.route, self.model, self.decoding, self.loop = route, model, decoding, loop
         self.source = dt.Source.of(model.cfg, model.tokenizer, model.source)
 
-    def _call(self, kind: str, items: list) -> list:
+    def _call(self, kind: Kind, items: list) -> list:
         route = self.route
-        coro = route.server.decode(route.request, self.model, job_key(kind, self.decoding), items)
+        coro = route.server.decode(route.request, self.model, kind, self.decoding, items)
         return wait(asyncio.run_coroutine_threadsafe(coro, self.loop), route.deadline)
 
     def n_best(self, units: list[str]) -> list[list[tuple[str, float]]]:
         """Each unit's hypotheses, best first (unknown source pieces copied)."""
-        return self._call("n_best", [(t, None) for t in units])
+        return self._call(Kind.N_BEST, [(t, None) for t in units])
 
     def align(self, sentences: list[str]) -> list[markup.Alignment]:
         """Each sentence's translation and its alignment to the source (for inline markup)."""
-        return self._call("align", sentences)
+        return self._call(Kind.ALIGN, sentences)
 
     def confident(self, units: list[str]) -> list:
         """Each unit's best translation with its confidence (as documents' n-best lists, unknown pieces copied)."""
-        return self._call("confident_units", [(t, None) for t in units])
+        return self._call(Kind.CONFIDENT_UNITS, [(t, None) for t in units])
 
 
 class Route:
@@ -122,7 +118,7 @@ class Route:
         for hop, (model, decoding) in enumerate(zip(self.models, self.decodings)):
             last = hop == len(self.models) - 1
             items = list(zip(texts, prefixes if last else [None] * len(texts)))
-            texts = await self.server.decode(self.request, model, job_key("translate", decoding), items)
+            texts = await self.server.decode(self.request, model, Kind.TRANSLATE, decoding, items)
         return texts
 
     async def confident(self, texts: list[str], prefixes: list[str | None] | None = None) -> list:
@@ -131,4 +127,4 @@ class Route:
             head = Route(self.server, self.request, self.models[:-1], self.decodings[:-1])
             texts = await head.sentences(texts)
         items = list(zip(texts, prefixes or [None] * len(texts)))
-        return await self.server.decode(self.request, self.models[-1], job_key("confident", self.decodings[-1]), items)
+        return await self.server.decode(self.request, self.models[-1], Kind.CONFIDENT, self.decodings[-1], items)

@@ -54,14 +54,14 @@ class ServerMetrics:
         rate.labels("tokens").set_function(lambda: self._rate(2))
 
     def batch(self, b: Batch) -> None:
-        """A batch the worker decoded; its key starts with the model's name."""
+        """A batch the worker decoded (its key a nanomt.serve.jobs.JobKey, naming the model)."""
         self.batch_sentences.observe(b.items)
         self.batch_requests.observe(b.jobs)
         self.sentences.inc(b.items)
         self.tokens.inc(b.tokens)
         self.decode_seconds.inc(b.seconds)
-        self.model_sentences.labels(b.key[0]).inc(b.items)
-        self.model_seconds.labels(b.key[0]).inc(b.seconds)
+        self.model_sentences.labels(b.key.model).inc(b.items)
+        self.model_seconds.labels(b.key.model).inc(b.seconds)
         with self._lock:
             self._recent.append((time.monotonic(), b.items, b.tokens))
 
