@@ -178,12 +178,8 @@ def settings_from_args(settings: type, args: argparse.Namespace):
     return settings(**values)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="nanomt", description="The original Transformer for machine translation.")
-    p.add_argument("-v", "--verbose", action="store_true", help="debug logging, and tracebacks instead of errors")
-    p.add_argument("--version", action=VersionAction, help="show the version and exit")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
+def add_train(sub) -> None:
+    """`nanomt train`."""
     s = sub.add_parser("train", help="train (or resume) a model from a YAML config")
     s.add_argument("config", help="YAML config, e.g. configs/demo.yaml")
     s.add_argument("--run-dir", help="run directory (default runs/<config name>); re-running resumes")
@@ -193,6 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     command(s, "training:train")
 
+
+def add_translate(sub) -> None:
+    """`nanomt translate`."""
     s = sub.add_parser(
         "translate",
         help="translate one sentence a line (stdin to stdout by default; line by line when typed at a terminal), "
@@ -232,6 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--int8", action="store_true", help=INT8_HELP)
     command(s, "translate:translate")
 
+
+def add_evaluate(sub) -> None:
+    """`nanomt evaluate`."""
     s = sub.add_parser("evaluate", help="sacreBLEU BLEU and chrF of a checkpoint on a test set")
     s.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT", help=ENSEMBLE_HELP)
     s.add_argument("--src", required=True, help="source sentences, one a line")
@@ -249,6 +251,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--int8", action="store_true", help=INT8_HELP)
     command(s, "evaluate:evaluate")
 
+
+def add_calibrate(sub) -> None:
+    """`nanomt calibrate`."""
     s = sub.add_parser(
         "calibrate",
         help="fit a checkpoint's confidence (its estimate of each translation's sentence chrF) on sentences with "
@@ -261,6 +266,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-tokens", type=int, help="source tokens a batch (default: the checkpoint's)")
     command(s, "evaluate:calibrate")
 
+
+def add_shortlist(sub) -> None:
+    """`nanomt shortlist`."""
     s = sub.add_parser(
         "shortlist",
         help="a checkpoint's vocabulary shortlist (the target pieces each source piece is seen translated into), "
@@ -273,12 +281,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--frequent", type=int, default=100, help="most frequent target pieces always kept (default 100)")
     command(s, "training:shortlist")
 
+
+def add_average(sub) -> None:
+    """`nanomt average`."""
     s = sub.add_parser("average", help="average checkpoints into a complete checkpoint directory")
     s.add_argument("checkpoints", nargs="+", help="checkpoint dirs, or one run dir with --last N")
     s.add_argument("--last", type=int, default=0, help="average the last N checkpoints of a run dir")
     s.add_argument("--out", required=True, help="directory to write the averaged checkpoint to")
     command(s, "training:average")
 
+
+def add_plot(sub) -> None:
+    """`nanomt plot`."""
     s = sub.add_parser("plot", help="attention heatmaps, positional-encoding curves, training curves")
     plot_sub = s.add_subparsers(dest="what", required=True, metavar="WHAT")
     a = plot_sub.add_parser("attention", help="attention heatmaps of one sentence")
@@ -304,12 +318,18 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("-o", "--output", default="curves.png", help="image file, .png or .svg (default curves.png)")
     command(s, "plot:plot")
 
+
+def add_synth(sub) -> None:
+    """`nanomt synth`."""
     s = sub.add_parser("synth", help="write the built-in toy language pair as text files")
     s.add_argument("out_dir", help="directory for train|valid|test.src|tgt")
     s.add_argument("--pairs", type=int, default=20000, help="training pairs (valid and test have 500 each)")
     s.add_argument("--seed", type=int, default=0, help="random seed: the same seed writes the same files")
     command(s, "training:synth")
 
+
+def add_import(sub) -> None:
+    """`nanomt import`."""
     s = sub.add_parser("import", help="another toolkit's model as a nanomt run directory")
     import_sub = s.add_subparsers(dest="toolkit", required=True, metavar="TOOLKIT")
     a = import_sub.add_parser(
@@ -319,6 +339,9 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--out", required=True, help="the run directory to write")
     command(s, "interop:import_model")
 
+
+def add_export(sub) -> None:
+    """`nanomt export`."""
     s = sub.add_parser("export", help="a nanomt checkpoint for another runtime (CTranslate2, ONNX, Hugging Face)")
     export_sub = s.add_subparsers(dest="target", required=True, metavar="TARGET")
     e = export_sub.add_parser("ct2", help="a CTranslate2 model directory (plus tokenizer/ and nanomt.yaml)")
@@ -346,12 +369,18 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--quantization", default=None, help="CTranslate2's weight type to store (default float32)")
     command(s, "interop:export")
 
+
+def add_demo(sub) -> None:
+    """`nanomt demo`."""
     s = sub.add_parser("demo", help="train on the toy language pair and show translations and attention")
     s.add_argument("--out", default="runs/demo", help="where the data, run and pictures go")
     s.add_argument("--steps", type=int, default=None, help="training steps (default: configs/demo.yaml)")
     s.add_argument("--pairs", type=int, default=None, help="training pairs (default: the demo's)")
     command(s, "demo:demo")
 
+
+def add_serve(sub) -> None:
+    """`nanomt serve`."""
     s = sub.add_parser(
         "serve", help="HTTP JSON API (nanomt's and LibreTranslate's) and a web page, for one or more models"
     )
@@ -359,6 +388,9 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument(*names, **kwargs)
     command(s, "serve:serve")
 
+
+def add_memory(sub) -> None:
+    """`nanomt memory`."""
     s = sub.add_parser(
         "memory", help="a server's translation memory (corrections sent to /suggest): review, export, import"
     )
@@ -391,4 +423,30 @@ def build_parser() -> argparse.ArgumentParser:
         ("delete", "stop serving these corrections (ids from list)"),
     ):
         action(name, what, pair=False).add_argument("ids", nargs="+", metavar="ID", help="an entry's id")
+
+
+COMMANDS = (
+    add_train,
+    add_translate,
+    add_evaluate,
+    add_calibrate,
+    add_shortlist,
+    add_average,
+    add_plot,
+    add_synth,
+    add_import,
+    add_export,
+    add_demo,
+    add_serve,
+    add_memory,
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="nanomt", description="The original Transformer for machine translation.")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging, and tracebacks instead of errors")
+    p.add_argument("--version", action=VersionAction, help="show the version and exit")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in COMMANDS:  # in the order --help lists them
+        add(sub)
     return p
