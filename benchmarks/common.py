@@ -94,7 +94,7 @@ def run_training(config: Path, run_dir: Path, overrides: list[str], log: Path | 
 
 def timed_run(config: Path, data: Path, run_dir: Path, steps: int, warmup: int, overrides: list[str] = ()) -> dict:
     """Train `steps` steps in a fresh run dir: median and mean ms a step after `warmup`, the child's faults and CPU."""
-    from nanomt.plots import read_metrics
+    from nanomt.training.metrics_log import read_metrics
 
     overrides = [
         *data_overrides(data),

@@ -124,7 +124,9 @@ def run_stage(stage: str, config: Path, run_dir: Path, seconds: float) -> dict:
     from nanomt.core.config import load_config
     from nanomt.core.tokenizer import Tokenizer
     from nanomt.training.data import binarize, collate
-    from nanomt.training.train import epoch_batches, prepare_data, prepare_run_dir, train
+    from nanomt.training.prepare import prepare_data, prepare_run_dir
+    from nanomt.training.stream import epoch_batches
+    from nanomt.training.train import train
 
     logging.basicConfig(level=logging.WARNING)
     cfg = load_config(config)

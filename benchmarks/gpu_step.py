@@ -62,7 +62,8 @@ from nanomt import ModelConfig, Transformer
 from nanomt.core.batches import make_batches
 from nanomt.core.config import SpecialIds
 from nanomt.training.data import collate, pack
-from nanomt.training.train import PAD_MULTIPLE, bucketed, label_smoothed_loss, pad_width
+from nanomt.training.stream import PAD_MULTIPLE, bucketed, pad_width
+from nanomt.training.train import label_smoothed_loss
 
 BASE = dict(d_model=512, n_heads=8, layers=6, d_ff=2048, vocab=37000, max_tokens=25000, mean_tgt=27.0, sentences=60000)
 SMOKE = dict(d_model=32, n_heads=2, layers=1, d_ff=64, vocab=200, max_tokens=300, mean_tgt=12.0, sentences=200)

@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.common import DEFAULT_CONFIG, DEFAULT_DATA, RESULTS, data_overrides, machine, run_training, shown
-from nanomt.plots import read_metrics
+from nanomt.training.metrics_log import read_metrics
 
 
 def epoch_times(metrics: Path) -> list[dict]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import textwrap
 from collections.abc import Sequence
@@ -14,6 +13,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from nanomt.core.model import sinusoidal_table
+from nanomt.training.metrics_log import read_metrics
 
 DPI = 120
 # Bundled with matplotlib and has U+2581 ("▁", SentencePiece's word-start mark), whatever the user's rcParams.
@@ -96,27 +96,6 @@ def plot_positions(
 # ---------------------------------------------------------------------------------------------------------
 # Training curves.
 # ---------------------------------------------------------------------------------------------------------
-
-
-def read_metrics(metrics_path: str | Path) -> list[dict]:
-    """The rows of a metrics.jsonl file; blank lines skipped, a malformed line is an error naming it."""
-    metrics_path = Path(metrics_path)
-    if not metrics_path.is_file():
-        raise FileNotFoundError(f"metrics file not found: {metrics_path}")
-    rows = []
-    for number, line in enumerate(metrics_path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{metrics_path}:{number}: not a JSON object: {e}") from e
-        if not isinstance(row, dict):
-            raise ValueError(f"{metrics_path}:{number}: expected a JSON object, got {type(row).__name__}")
-        rows.append(row)
-    if not rows:
-        raise ValueError(f"metrics file is empty: {metrics_path}")
-    return rows
 
 
 def _series(rows: list[dict], key: str) -> tuple[list[float], list[float]]:

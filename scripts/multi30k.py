@@ -33,8 +33,9 @@ from nanomt.core import checkpoint as ckpt
 from nanomt.core.config import load_config
 from nanomt.core.runtime import cpu_has_bf16_kernels
 from nanomt.decoding.translate import Translator
-from nanomt.plots import plot_curves, read_metrics
+from nanomt.plots import plot_curves
 from nanomt.training.evaluate import evaluate
+from nanomt.training.metrics_log import read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 NANOMT = [sys.executable, "-m", "nanomt.cli"]

@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from nanomt.core.runtime import cpu_has_bf16_kernels
-from nanomt.plots import read_metrics
+from nanomt.training.metrics_log import read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 NANOMT = [sys.executable, "-m", "nanomt.cli"]

@@ -130,3 +130,13 @@ def test_scripts_and_benchmarks_import_cleanly(path, monkeypatch):
             pytest.skip(f"{name} needs {e.name} (the bench extra)")
         raise
     assert Path(module.__file__).resolve() == path, f"{name} was imported from {module.__file__}, not this checkout"
+
+
+def test_no_function_of_the_package_is_over_80_lines():
+    """A function a reader takes in at once: a longer one is phases to name."""
+    long = []
+    for path in PACKAGE_FILES:
+        for node in ast.walk(parse(path)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 80:
+                long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1})")
+    assert long == []

@@ -12,8 +12,10 @@ from nanomt.core.checkpoint import WEIGHTS, read_weights, step_dirs
 from nanomt.core.config import ConfigError, config_from_dict
 from nanomt.training import train as train_module
 from nanomt.training.data import mixture
+from nanomt.training.prepare import prepare_data
+from nanomt.training.stream import epoch_batches
 from nanomt.training.synthetic import write_corpus
-from nanomt.training.train import epoch_batches, lr_at, prepare_data, train
+from nanomt.training.train import lr_at, train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ONE = runtime.Runtime(0, 1, torch.device("cpu"), "fp32")

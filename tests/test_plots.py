@@ -16,7 +16,8 @@ from nanomt.core.config import Config, DataConfig, DecodeConfig, ModelConfig
 from nanomt.core.model import Transformer
 from nanomt.core.tokenizer import train_tokenizer
 from nanomt.decoding.translate import Translator
-from nanomt.plots import plot_attention, plot_curves, plot_positions, read_metrics
+from nanomt.plots import plot_attention, plot_curves, plot_positions
+from nanomt.training.metrics_log import read_metrics
 
 SRC = ["▁Ein", "▁Mann", "▁mit", "▁einem", "▁orange", "n", "▁Hut", "."]
 TGT = ["▁A", "▁man", "▁in", "▁an", "▁orange", "▁hat", "."]

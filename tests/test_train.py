@@ -18,8 +18,8 @@ from nanomt.core.batches import make_batches
 from nanomt.core.checkpoint import WEIGHTS, average_checkpoints, load_checkpoint, read_weights, step_dirs
 from nanomt.core.config import BOS_ID, EOS_ID, PAD_ID, TrainConfig, config_from_dict, load_config
 from nanomt.core.tokenizer import Tokenizer
-from nanomt.plots import read_metrics as read_metrics_file
 from nanomt.training.data import binarize, both_directions, output_ids
+from nanomt.training.metrics_log import read_metrics as read_metrics_file
 from nanomt.training.train import label_smoothed_loss, lr_at, train
 
 

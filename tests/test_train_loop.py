@@ -21,6 +21,7 @@ from nanomt.core.model import Transformer
 from nanomt.core.runtime import Runtime
 from nanomt.core.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from nanomt.decoding.translate import Translator
+from nanomt.training import prepare as prepare_module
 from nanomt.training import train as train_module
 from nanomt.training.data import binarize
 from nanomt.training.synthetic import write_corpus
@@ -348,9 +349,9 @@ def test_a_finished_run_started_again_reads_no_corpus_and_draws_no_epoch(small_c
     cfg = config_from_dict(tiny_config(small_corpus, max_steps=4, eval_every=4, save_every=4))
     train(cfg, tmp_path / "run")
     calls = []
-    for name in ("check_split", "epoch_batches"):
-        real = getattr(train_module, name)
-        monkeypatch.setattr(train_module, name, lambda *a, _n=name, _f=real, **k: calls.append(_n) or _f(*a, **k))
+    for module, name in ((prepare_module, "check_split"), (train_module, "epoch_batches")):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _n=name, _f=real, **k: calls.append(_n) or _f(*a, **k))
     before = read_weights(tmp_path / "run" / WEIGHTS)
     train(cfg, tmp_path / "run")
     assert calls == []

@@ -1,19 +1,25 @@
-"""Evaluate a checkpoint on a test set: sacreBLEU BLEU and chrF with their signatures, and speed."""
+"""Evaluate a checkpoint on a test set: sacreBLEU BLEU and chrF with their signatures, and speed; fit its confidence
+(calibrate), and a trained run's on its validation set (calibrate_run)."""
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from dataclasses import asdict
 from pathlib import Path
 
-from nanomt.core.checkpoint import file_sha256
+from nanomt.core.checkpoint import checkpoint_weights, file_sha256
+from nanomt.core.config import Config
 from nanomt.core.decoding import Decoding
+from nanomt.core.runtime import Runtime
 from nanomt.decoding import calibration as calib
 from nanomt.decoding.calibration import Calibration, agreement, sentence_chrf
 from nanomt.decoding.translate import Translator
-from nanomt.training.data import CorpusError, read_lines
+from nanomt.training.data import CorpusError, read_lines, split_pairs
 from nanomt.training.metrics import score
+
+log = logging.getLogger("nanomt")
 
 
 def evaluate(
@@ -109,3 +115,21 @@ def calibrate(
     fitted.save(Path(weights).parent)
     translator.calibration = fitted
     return fitted
+
+
+def calibrate_run(cfg: Config, run_dir: Path, rt: Runtime) -> None:
+    """Fit the confidence on the whole validation set with the run's best weights (train.calibrate), where the set
+    has enough sentences; never touching the weights."""
+    pairs = [(s, t) for s, t in split_pairs(cfg.data, "valid") if s.strip() and t.strip()]
+    if len(pairs) < calib.MIN_SENTENCES:
+        log.info("confidence not calibrated: %d validation pairs, %d needed", len(pairs), calib.MIN_SENTENCES)
+        return
+    translator = Translator.from_checkpoint(run_dir, rt.device, calibrated=False)
+    srcs, refs = [s for s, _ in pairs], [t for _, t in pairs]
+    fitted = calibrate(translator, srcs, refs, checkpoint_weights(run_dir), data="validation set")
+    log.info(
+        "confidence calibrated on %d validation sentences: Pearson %.3f with sentence chrF (the raw score's %.3f)",
+        fitted.fit["sentences"],
+        fitted.fit["pearson"],
+        fitted.fit["raw_score"]["pearson"],
+    )
