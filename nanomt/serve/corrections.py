@@ -63,9 +63,7 @@ class TranslationMemory:
 
     def add(self, pair: str, source: str, translation: str, by: str = "import") -> str | None:
         """A correction the operator gives (a TMX import): served at once."""
-        entry = {"id": uuid.uuid4().hex[:16], "pair": pair, "source": normalized(source)}
-        entry.update(translation=translation.strip(), by=by, at=round(time.time(), 3))
-        return self._serve(entry)
+        return self.suggest(pair, source, translation, by, trusted=True)
 
     def find_many(self, pair: str, sources: list[str]) -> list[str | None]:
         """Each sentence's served correction, or None."""
