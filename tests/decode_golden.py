@@ -1,7 +1,7 @@
 """Golden decoding outputs: beam search, greedy and sampling on fixed random models, recorded once, required equal.
 
-tests/test_decode_golden.py recomputes every case and requires the same tokens and scores. This file records them
-from whichever nanomt the import finds, so PYTHONPATH decides which code runs: record from a clean export of the
+tests/decoding/test_decode_golden.py recomputes every case and requires the same tokens and scores. This file records
+them from whichever nanomt the import finds, so PYTHONPATH decides which code runs: record from a clean export of the
 commit whose decoding is trusted, not from a working tree, e.g. from the repository root
 
     mkdir DIR && git archive HEAD | tar -x -C DIR

@@ -137,7 +137,7 @@ def test_train_compile_on_cuda_follows_the_eager_run(corpus, tmp_path):
 def packed_and_padded(dtype: torch.dtype | None):
     """The loss and gradients of a padded batch and of the same sentences packed into one row, on the GPU."""
     import numpy as np
-    from test_packing import IDS, Pairs, loss_and_grads, model
+    from packed_pairs import IDS, Pairs, loss_and_grads, model
 
     corpus = Pairs(40, seed=1, max_len=30)
     m = model(n_heads=2).cuda()  # head dim 16: flash kernels want a multiple of 8, 16 is safe
