@@ -20,27 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import RESULTS, git, machine, shown
-
-
-def tiny_run(out: Path) -> tuple[Path, Path]:
-    """A toy-pair model trained for a few seconds, and its test sentences."""
-    from nanomt.core.config import config_from_dict
-    from nanomt.training.synthetic import write_corpus
-    from nanomt.training.train import train
-
-    corpus = write_corpus(out / "toy", pairs=3000, seed=0, valid=100, test=400)
-    files = {k: {"src": str(corpus[f"{k}.src"]), "tgt": str(corpus[f"{k}.tgt"])} for k in ("train", "valid")}
-    cfg = {
-        "data": {**files, "vocab_size": 120, "shared_vocab": False, "max_len": 48},
-        "model": {"d_model": 32, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 64,
-                  "max_positions": 64},
-        "train": {"max_steps": 300, "max_tokens": 600, "lr": 3e-3, "warmup_steps": 10, "log_every": 50,
-                  "eval_every": 300, "save_every": 300, "valid_bleu_sentences": 20, "num_threads": 1,
-                  "progress": False},
-        "decode": {"beam_size": 2, "max_len_a": 1.5, "max_len_b": 5},
-    }  # fmt: skip
-    return train(config_from_dict(cfg), out / "run"), corpus["test.src"]
+from benchmarks.harness import tiny_run
+from scripts.common import RESULTS, git, machine, shown
 
 
 def page_workload(sentences: list[str], edits: int, per_doc: int) -> list[str]:
@@ -110,7 +91,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         if args.checkpoint is None:
-            run, src = tiny_run(Path(tmp))
+            run, src = tiny_run(Path(tmp), test=400)
         else:
             run, src = Path(args.checkpoint), Path(args.src)
         translator = Translator.from_checkpoint(run)

@@ -33,8 +33,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks.common import NANOMT, RESULTS, machine, shown
-from benchmarks.served import free_port
+from benchmarks.harness import free_port
+from scripts.common import NANOMT, RESULTS, machine, shown
 
 REDIS = shutil.which("redis-server") or "/usr/bin/redis-server"
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"

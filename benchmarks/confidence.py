@@ -24,11 +24,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.common import RESULTS, machine, shown
 from nanomt.decoding import calibration as calib
 from nanomt.decoding.quality import FEATURES
 from nanomt.decoding.translate import Translator
 from nanomt.training.data import read_lines
+from scripts.common import RESULTS, machine, shown
 
 NEWS = ("news-test2008", "newssyscomb2009", "newstest2009", "newstest2010", "newstest2011", "newstest2012")
 THRESHOLDS = (0.3, 0.4, 0.5, 0.6, 0.7)

@@ -33,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import DEFAULT_DATA, RESULTS, ROOT, machine, shown
+from scripts.common import DEFAULT_DATA, RESULTS, ROOT, machine, shown
 
 VARIANTS = {
     "plain": {},

@@ -7,22 +7,19 @@
 The converter and the decoding are the package's (nanomt/interop/ct2.py: `nanomt export ct2`), with the
 checkpoint's decoding settings mapped onto CTranslate2's, so the translations are nanomt's. This process never
 imports torch: CTranslate2 in a process that has imported torch ran ~2.5x slower in the baselines' measurements
-(two OpenMP runtimes), and `import nanomt` imports torch (so does `ctranslate2.specs`, whenever torch is
-installed): the conversion runs in a child process, and this one loads the module from its file on its own (it
-imports no other part of nanomt).
+(two OpenMP runtimes). nanomt.interop.ct2 imports no torch, but `ctranslate2.specs` does whenever torch is
+installed: the conversion runs in a child process.
 
-`--worker` is the CTranslate2 side of `benchmarks.speed`'s translate harness (also used by `benchmarks.opus_mt`
-and `benchmarks.latency`): float32 and int8 translators that answer one JSON request a line. Given nanomt's
-batches (`plan`), it decodes exactly those, one `translate_batch` call each in nanomt's order
+`--worker` is the CTranslate2 side of the translate harness (benchmarks/harness.py: `benchmarks.speed`,
+`benchmarks.opus_mt`, `benchmarks.latency`): float32 and int8 translators that answer one JSON request a line.
+Given nanomt's batches (`plan`), it decodes exactly those, one `translate_batch` call each in nanomt's order
 (`translate_in_batches`); `batching: "budget"` is `Ct2Translator`'s own grouping by generation budget instead.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import math
 import statistics
 import subprocess
 import sys
@@ -31,20 +28,9 @@ from pathlib import Path
 
 import ctranslate2
 
-from benchmarks.speed import NUM_THREADS, answer_requests, lines_alone  # torch-free: speed.py imports torch lazily
+from benchmarks.harness import NUM_THREADS, answer_requests, best_by_nanomt_penalty, lines_alone
+from nanomt.interop import ct2
 
-
-def load_ct2_module():
-    """nanomt/interop/ct2.py as a standalone module: without nanomt/__init__.py, which imports torch."""
-    path = Path(__file__).resolve().parent.parent / "nanomt" / "interop" / "ct2.py"
-    spec = importlib.util.spec_from_file_location("nanomt_interop_ct2", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses and the like look their module up here
-    spec.loader.exec_module(module)
-    return module
-
-
-ct2 = load_ct2_module()
 COMPUTE_TYPES = {"fp32": "float32", "int8": "int8"}
 
 
@@ -57,17 +43,6 @@ def convert(checkpoint: Path, out_dir: Path) -> Path:
     if res.returncode != 0:
         sys.exit(f"ct2_convert.py: error: conversion failed: {res.stderr.strip().splitlines()[-1:]}")
     return out_dir
-
-
-def best_by_nanomt_penalty(hyps: list[list[str]], scores: list[float], budget: int, alpha: float, kind: str):
-    """The hypothesis nanomt would pick: its plain log-prob over nanomt's length penalty (EOS counted)."""
-    best, best_score = hyps[0], -math.inf
-    for hyp, log_prob in zip(hyps, scores):
-        length = len(hyp) + 1 if len(hyp) < budget else budget  # `budget` tokens: cut there, without an EOS
-        score = log_prob / ct2.length_penalty(length, alpha, kind)
-        if score > best_score:
-            best, best_score = hyp, score
-    return best
 
 
 def translate_in_batches(t, ids: list[list[int]], batches: list[list[int]], beam_size: int) -> list[list[int]]:
@@ -98,7 +73,7 @@ def budget_calls(t, lines: list[str], beam_size: int) -> int:
 
 
 def engine_worker(ct2_dir: Path, src_file: Path, threads: int, ready: dict) -> None:
-    """Answer the harness's requests (benchmarks.speed.answer_requests) with float32 and int8 translators."""
+    """Answer the harness's requests (benchmarks.harness.answer_requests) with float32 and int8 translators."""
     lines = src_file.read_text(encoding="utf-8").splitlines()
     t0 = time.perf_counter()
     engines = {
@@ -185,7 +160,7 @@ def main() -> None:
     )
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--worker", action="store_true", help="answer requests on stdin (benchmarks.speed's harness)")
+    p.add_argument("--worker", action="store_true", help="answer requests on stdin (the translate harness)")
     p.add_argument("--threads", type=int, default=NUM_THREADS, help=f"intra_threads (default {NUM_THREADS})")
     args = p.parse_args()
     if args.worker and not args.src:

@@ -30,13 +30,13 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import git
-from benchmarks.gpu_step import sync
+from benchmarks.harness import OPUS_MT, generate_exactly, marian_config, sync
 from nanomt.core.decoding import Decoding
 from nanomt.core.model import Transformer
 from nanomt.decoding.beam import beam_search
 from nanomt.decoding.greedy import greedy
 from nanomt.interop.marian import load_marian_weights, model_config, read_marian_weights
+from scripts.common import git
 
 BASE = dict(d_model=512, n_heads=8, layers=6, d_ff=2048, vocab=32000, batch=64, new_tokens=32)
 TINY = dict(d_model=32, n_heads=2, layers=1, d_ff=64, vocab=200, batch=4, new_tokens=6)
@@ -48,29 +48,11 @@ MODES = {"greedy": 1, f"beam{BEAM}": BEAM}
 
 def marian(s: dict, out: Path):
     """A random MarianMTModel of shape `s`, saved to `out` and returned (EOS 0, PAD last, start token PAD)."""
-    from transformers import MarianConfig, MarianMTModel
+    from transformers import MarianMTModel
 
     pad = s["vocab"] - 1
-    cfg = MarianConfig(
-        vocab_size=s["vocab"],
-        decoder_vocab_size=s["vocab"],
-        d_model=s["d_model"],
-        encoder_layers=s["layers"],
-        decoder_layers=s["layers"],
-        encoder_attention_heads=s["n_heads"],
-        decoder_attention_heads=s["n_heads"],
-        encoder_ffn_dim=s["d_ff"],
-        decoder_ffn_dim=s["d_ff"],
-        activation_function="swish",
-        max_position_embeddings=256,
-        scale_embedding=True,
-        share_encoder_decoder_embeddings=True,
-        tie_word_embeddings=True,
-        pad_token_id=pad,
-        decoder_start_token_id=pad,
-        eos_token_id=0,
-        forced_eos_token_id=None,
-    )
+    shape = dict(vocab=s["vocab"], d_model=s["d_model"], layers=s["layers"], heads=s["n_heads"], d_ff=s["d_ff"])
+    cfg = marian_config(**shape, **OPUS_MT, max_position_embeddings=256, pad_token_id=pad, decoder_start_token_id=pad)
     torch.manual_seed(0)
     model = MarianMTModel(cfg).eval()
     with torch.no_grad():
@@ -108,18 +90,7 @@ def nanomt_decoder(model: Transformer, src: torch.Tensor, n: int, beams: int) ->
 
 def hf_decoder(model, src: torch.Tensor, mask: torch.Tensor, n: int, beams: int) -> Callable[[], list[list[int]]]:
     def run() -> list[list[int]]:
-        with torch.inference_mode():
-            out = model.generate(
-                input_ids=src,
-                attention_mask=mask,
-                num_beams=beams,
-                do_sample=False,
-                min_new_tokens=n,
-                max_new_tokens=n,
-                early_stopping=False,
-                use_cache=True,
-            )
-        return out[:, 1:].tolist()  # without the decoder start column
+        return generate_exactly(model, src, mask, n, beams)[:, 1:].tolist()  # without the decoder start column
 
     return run
 

@@ -57,13 +57,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.common import ROOT, git
-from nanomt import ModelConfig, Transformer
+from benchmarks.harness import marian_config, model_config, sync
+from nanomt import Transformer
 from nanomt.core.batches import make_batches
 from nanomt.core.config import SpecialIds
 from nanomt.training.data import collate, pack
 from nanomt.training.stream import PAD_MULTIPLE, bucketed, pad_width
 from nanomt.training.train import label_smoothed_loss
+from scripts.common import ROOT, git
 
 BASE = dict(d_model=512, n_heads=8, layers=6, d_ff=2048, vocab=37000, max_tokens=25000, mean_tgt=27.0, sentences=60000)
 SMOKE = dict(d_model=32, n_heads=2, layers=1, d_ff=64, vocab=200, max_tokens=300, mean_tgt=12.0, sentences=200)
@@ -127,14 +128,12 @@ def flops_per_step(shape: dict, src_lens: np.ndarray, tgt_lens: np.ndarray) -> f
 
 
 def nanomt_model(shape: dict, device: torch.device, max_positions: int) -> Transformer:
-    cfg = ModelConfig(
-        src_vocab_size=shape["vocab"],
-        tgt_vocab_size=shape["vocab"],
-        d_model=shape["d_model"],
-        n_heads=shape["n_heads"],
-        n_encoder_layers=shape["layers"],
-        n_decoder_layers=shape["layers"],
-        d_ff=shape["d_ff"],
+    cfg = model_config(
+        shape["vocab"],
+        shape["d_model"],
+        shape["layers"],
+        shape["n_heads"],
+        shape["d_ff"],
         share_embeddings=True,
         tie_output=True,
         max_positions=max_positions,
@@ -148,19 +147,15 @@ def nanomt_model(shape: dict, device: torch.device, max_positions: int) -> Trans
 def marian_model(shape: dict, device: torch.device, max_positions: int) -> torch.nn.Module | None:
     """MarianMTModel of the same shape, or None without transformers."""
     try:
-        from transformers import MarianConfig, MarianMTModel
+        from transformers import MarianMTModel
     except ImportError:
         return None
-    cfg = MarianConfig(
-        vocab_size=shape["vocab"],
-        decoder_vocab_size=shape["vocab"],
-        d_model=shape["d_model"],
-        encoder_layers=shape["layers"],
-        decoder_layers=shape["layers"],
-        encoder_attention_heads=shape["n_heads"],
-        decoder_attention_heads=shape["n_heads"],
-        encoder_ffn_dim=shape["d_ff"],
-        decoder_ffn_dim=shape["d_ff"],
+    cfg = marian_config(
+        shape["vocab"],
+        shape["d_model"],
+        shape["layers"],
+        shape["n_heads"],
+        shape["d_ff"],
         activation_function="relu",
         dropout=0.1,
         attention_dropout=0.0,
@@ -224,11 +219,6 @@ def make_step(name: str, model: torch.nn.Module, device: torch.device, dtype: to
         return loss.detach()
 
     return step
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def peak_tflops(device: torch.device, given: float | None) -> float | None:

@@ -5,7 +5,7 @@
 
 Each request is one line of --src translated alone at beam 5, timed where its caller sees it:
 - nanomt_fp32, nanomt_int8: `Translator.translate([line], beam_size=5)` (what `nanomt translate` does with a
-  single line, once loaded) in nanomt's worker process (benchmarks.speed's translate harness);
+  single line, once loaded) in nanomt's worker process (the translate harness, benchmarks/harness.py);
 - ct2_fp32, ct2_int8: `Ct2Translator.translate([line], beam_size=5)` on the same checkpoint's `export ct2`, in
   CTranslate2's worker process, which never imports torch;
 - serve_fp32, serve_int8: a running `nanomt serve --one-lock --beam 5 [--int8]` on 127.0.0.1, a POST /translate of
@@ -37,16 +37,17 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import RESULTS, shown
-from benchmarks.served import launch, stop
-from benchmarks.speed import (
-    CT2_GAP_S,
+from benchmarks.harness import (
+    GAP_S,
     NUM_THREADS,
     PRECISIONS,
     differing,
     engine_processes,
+    launch,
+    stop,
     translate_machine,
 )
+from scripts.common import RESULTS, shown
 
 BEAM = 5
 SERVE_PACKAGES = ("fastapi", "uvicorn", "httpx")
@@ -88,7 +89,7 @@ def serve_requester(name: str, url: str, lines: list[str], stack: contextlib.Exi
     client = stack.enter_context(httpx.Client(base_url=url, timeout=120))
 
     def send(indices: list[int]) -> tuple[list[float], list[str]]:
-        time.sleep(CT2_GAP_S)
+        time.sleep(GAP_S)
         seconds, texts = [], []
         for i in indices:
             start = time.perf_counter()
@@ -96,7 +97,7 @@ def serve_requester(name: str, url: str, lines: list[str], stack: contextlib.Exi
             res.raise_for_status()
             texts += res.json()["translations"]
             seconds.append(time.perf_counter() - start)
-        time.sleep(CT2_GAP_S)
+        time.sleep(GAP_S)
         return seconds, texts
 
     return Requester(name, send)

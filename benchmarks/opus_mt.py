@@ -37,34 +37,34 @@ import argparse
 import contextlib
 import io
 import json
-import os
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-NUM_THREADS = 2
-os.environ.setdefault("OMP_NUM_THREADS", str(NUM_THREADS))
-os.environ.setdefault("MKL_NUM_THREADS", str(NUM_THREADS))
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-import sentencepiece as spm  # noqa: E402
-import torch  # noqa: E402
-import transformers  # noqa: E402
-
-from benchmarks.common import DEFAULT_DATA, RESULTS, ROOT, machine, shown  # noqa: E402
-from benchmarks.speed import (  # noqa: E402
+from benchmarks.harness import (
+    NUM_THREADS,
+    OPUS_MT,
     Contender,
     changed_by_batch_budget,
     engine_contenders,
     engine_outputs,
     engine_processes,
     harness_info,
+    limit_threads,
+    marian_config,
     round_robin,
     same_batches,
     timed,
 )
+from scripts.common import DEFAULT_DATA, RESULTS, ROOT, machine, shown, write_results
+
+limit_threads()  # before torch starts
+
+import sentencepiece as spm  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
 from nanomt.decoding.quantize import quantize_int8  # noqa: E402
 from nanomt.decoding.translate import Translator  # noqa: E402
 from nanomt.interop.marian import import_marian  # noqa: E402
@@ -80,26 +80,8 @@ MODES = {"greedy": 1, "beam4": BEAM}
 
 def opus_mt_config(pad: int) -> transformers.MarianConfig:
     """opus-mt-de-en's architecture."""
-    return transformers.MarianConfig(
-        vocab_size=VOCAB,
-        decoder_vocab_size=VOCAB,
-        d_model=512,
-        encoder_layers=6,
-        decoder_layers=6,
-        encoder_attention_heads=8,
-        decoder_attention_heads=8,
-        encoder_ffn_dim=2048,
-        decoder_ffn_dim=2048,
-        activation_function="swish",
-        max_position_embeddings=512,
-        scale_embedding=True,
-        share_encoder_decoder_embeddings=True,
-        tie_word_embeddings=True,
-        pad_token_id=pad,
-        decoder_start_token_id=pad,
-        eos_token_id=0,
-        forced_eos_token_id=None,  # opus-mt forces EOS at max_length; here no sentence ends before it
-    )
+    shape = dict(vocab=VOCAB, d_model=512, layers=6, heads=8, d_ff=2048)
+    return marian_config(**shape, **OPUS_MT, max_position_embeddings=512, pad_token_id=pad, decoder_start_token_id=pad)
 
 
 def id_table(models: list[bytes]) -> dict[str, int]:
@@ -291,9 +273,7 @@ def main() -> None:
         "largest_logit_difference": logits,
         "rows": rows,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
-    print(f"wrote {shown(args.out)}")
+    write_results(args.out, results, indent=1)
     for key, row in rows.items():
         print(f"{key:20s} {row['sentences_per_s']:8.2f} sent/s  x_hf {row['x_hf']:.2f}  x_ct2 {row['x_ct2']:.2f}")
 

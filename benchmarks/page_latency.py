@@ -17,55 +17,20 @@ import argparse
 import contextlib
 import datetime
 import json
-import socket
 import statistics
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-from benchmarks.common import RESULTS, cpu_model, git, shown
+from benchmarks.harness import free_port, tiny_run
+from scripts.common import RESULTS, cpu_model, git, shown
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
          "--window-size=1100,1000"]  # fmt: skip
 BUDGET_MS = 150
-
-
-def tiny_run(out: Path) -> tuple[Path, Path]:
-    """A toy-pair model trained for a few seconds, and its test sentences."""
-    from nanomt.core.config import config_from_dict
-    from nanomt.training.synthetic import write_corpus
-    from nanomt.training.train import train
-
-    corpus = write_corpus(out / "toy", pairs=3000, seed=0, valid=100, test=100)
-    files = {k: {"src": str(corpus[f"{k}.src"]), "tgt": str(corpus[f"{k}.tgt"])} for k in ("train", "valid")}
-    cfg = {
-        "data": {**files, "vocab_size": 120, "shared_vocab": False, "max_len": 48},
-        "model": {
-            "d_model": 32,
-            "n_heads": 2,
-            "n_encoder_layers": 1,
-            "n_decoder_layers": 1,
-            "d_ff": 64,
-            "max_positions": 64,
-        },  # fmt: skip
-        "train": {
-            "max_steps": 300,
-            "max_tokens": 600,
-            "lr": 3e-3,
-            "warmup_steps": 10,
-            "log_every": 50,
-            "eval_every": 300,
-            "save_every": 300,
-            "valid_bleu_sentences": 20,
-            "num_threads": 1,
-            "progress": False,
-        },  # fmt: skip
-        "decode": {"beam_size": 2, "max_len_a": 1.5, "max_len_b": 5},
-    }
-    return train(config_from_dict(cfg), out / "run"), corpus["test.src"]
 
 
 @contextlib.contextmanager
@@ -76,9 +41,7 @@ def serving(run: Path):
     from nanomt.serve import ModelSet, ModelSpec, ServeConfig, create_app
 
     app = create_app(ModelSet.read([ModelSpec(str(run), "de", "en")], "en", None, "cpu", False), ServeConfig())
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -136,7 +99,7 @@ def main(argv: list[str] | None = None) -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        run, src = (Path(args.checkpoint), Path(args.src)) if args.checkpoint else tiny_run(tmp)
+        run, src = (Path(args.checkpoint), Path(args.src)) if args.checkpoint else tiny_run(tmp, test=100)
         sentences = [s for s in Path(args.src or src).read_text().splitlines() if len(s) > 1]
         sentences = sentences[: args.warmup + args.trials]
         with serving(run) as base, httpx.Client(base_url=base, timeout=60) as client:

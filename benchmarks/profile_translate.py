@@ -1,6 +1,6 @@
 """Where `nanomt translate`'s time goes: torch.profiler's operators over one translation of a file.
 
-    python -m benchmarks.profile_translate --checkpoint runs/multi30k_de_en \
+    python -m benchmarks.profile_translate --checkpoint runs/multi30k_de_en \\
         --src ../shared/data/multi30k/test2016.de       # -> benchmarks/results/profile_translate.json
 
 One process on 2 threads, as `nanomt translate` runs (the malloc setting, then decoding): the file translated once
@@ -16,7 +16,7 @@ import json
 import time
 from pathlib import Path
 
-from benchmarks.common import ROOT, machine, shown
+from scripts.common import DEFAULT_RUN, DEFAULT_SRC, RESULTS, machine, shown
 
 GROUPS = {
     "matrix products": ("aten::addmm", "aten::mm", "aten::bmm", "aten::linear", "aten::_int_mm", "onednn::qlinear"),
@@ -62,11 +62,11 @@ def profile(checkpoint: Path, lines: list[str], beam: int, int8: bool, top: int)
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", type=Path, default=ROOT / "runs" / "multi30k_de_en")
-    p.add_argument("--src", type=Path, default=ROOT.parent / "shared" / "data" / "multi30k" / "test2016.de")
+    p.add_argument("--checkpoint", type=Path, default=DEFAULT_RUN)
+    p.add_argument("--src", type=Path, default=DEFAULT_SRC)
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--top", type=int, default=15)
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "profile_translate.json")
+    p.add_argument("--out", type=Path, default=RESULTS / "profile_translate.json")
     args = p.parse_args()
     lines = args.src.read_text(encoding="utf-8").splitlines()
     result = {

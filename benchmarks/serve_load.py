@@ -35,8 +35,8 @@ import httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from benchmarks.common import RESULTS, machine, shown
-from benchmarks.served import launch, stop
+from benchmarks.harness import launch, stop
+from scripts.common import RESULTS, machine, shown
 
 KINDS = {"one_lock": ["--one-lock"], "batching": []}
 

@@ -47,28 +47,42 @@ import contextlib
 import functools
 import gc
 import importlib.metadata
-import importlib.util
 import json
 import os
 import platform
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks.common import RESULTS, ROOT, cpu_model, git, shown
+from benchmarks.harness import (
+    BATCHINGS,
+    GAP_S,
+    NUM_THREADS,
+    PRECISIONS,
+    Contender,
+    answer_requests,
+    available,
+    changed_by_batch_budget,
+    engine_comparison,
+    engine_contenders,
+    engine_outputs,
+    engine_processes,
+    generate_exactly,
+    harness_info,
+    limit_threads,
+    lines_alone,
+    model_config,
+    round_robin,
+    same_batches,
+    timed,
+    translate_machine,
+)
+from scripts.common import RESULTS, ROOT, cpu_model, git, shown
 
-NUM_THREADS = 2
-# Before torch, MKL or OpenMP start, here and in every worker process.
-os.environ.setdefault("OMP_NUM_THREADS", str(NUM_THREADS))
-os.environ.setdefault("MKL_NUM_THREADS", str(NUM_THREADS))
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+limit_threads()  # before torch, MKL or OpenMP start, here and in every worker process
 
 DEFAULT_ANCHORS = ROOT.parent / "shared" / "bench" / "anchors"
 
@@ -78,7 +92,6 @@ GEMM_CALLS = 50  # matmuls per gemm sample (0.1 s with AMX, 0.25 s at 860 GFLOP/
 N_SENT, SRC_LEN, N_NEW = 32, 32, 32  # decoding workload, as bench_infer.py
 BEAMS = (1, 4)
 CT2_TYPES = {"fp32": "float32", "int8": "int8"}
-CT2_GAP_S = 0.3  # idle time around each CTranslate2 request (OpenMP threads spin for a while after work)
 LABEL_SMOOTHING = 0.1
 TARGETS = {
     "train_x_seed": 2.0,
@@ -87,70 +100,6 @@ TARGETS = {
     "decode_x_hf": 2.0,
     "decode_x_ct2": 1.0,
 }
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Timing.
-# ---------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Contender:
-    """One thing to time: `run()` does one timed call and returns its seconds."""
-
-    name: str
-    run: Callable[[], float]
-    info: dict = field(default_factory=dict)
-
-
-def timed(fn: Callable[[], object]) -> Callable[[], float]:
-    """A `run` that times one call of `fn` on the wall clock."""
-
-    def run() -> float:
-        t0 = time.perf_counter()
-        fn()
-        return time.perf_counter() - t0
-
-    return run
-
-
-def summarize(samples: list[float]) -> dict:
-    return {"median_s": statistics.median(samples), "min_s": min(samples), "max_s": max(samples), "samples_s": samples}
-
-
-def round_robin(contenders: list[Contender], warmup: int, reps: int) -> dict[str, dict]:
-    """Each round runs every contender once (starting one further along each round); the first `warmup` are dropped."""
-    samples: dict[str, list[float]] = {c.name: [] for c in contenders}
-    errors: dict[str, str] = {}
-    for r in range(warmup + reps):
-        shift = r % len(contenders)
-        line = []
-        for c in contenders[shift:] + contenders[:shift]:
-            if c.name in errors:
-                continue
-            try:
-                dt = c.run()
-            except Exception as e:  # one broken contender must not end the run
-                errors[c.name] = repr(e)
-                print(f"  {c.name} failed: {e!r}", flush=True)
-                continue
-            if r >= warmup:
-                samples[c.name].append(dt)
-            line.append(f"{c.name} {dt:.3f}s")
-        print(f"  round {r + 1}/{warmup + reps}{' (warm-up)' if r < warmup else ''}: {', '.join(line)}", flush=True)
-    out = {}
-    for c in contenders:
-        out[c.name] = {"error": errors[c.name]} if c.name in errors else summarize(samples[c.name])
-        out[c.name].update(c.info)
-    return out
-
-
-def available(package: str, contender: str) -> bool:
-    """Whether `package` can be imported; says which contender is skipped when it cannot."""
-    if importlib.util.find_spec(package) is None:
-        print(f"skipping {contender}: {package} not installed", flush=True)
-        return False
-    return True
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -177,20 +126,8 @@ def train_step_flops(c: dict) -> float:
 
 def nanomt_model_config(c: dict, tied: bool):
     """nanomt at the anchors' dimensions; tied = one embedding for source, target and output (as Marian)."""
-    from nanomt.core.config import ModelConfig
-
-    return ModelConfig(
-        src_vocab_size=c["vocab"],
-        tgt_vocab_size=c["vocab"],
-        d_model=c["d_model"],
-        n_heads=c["h"],
-        n_encoder_layers=c["N"],
-        n_decoder_layers=c["N"],
-        d_ff=c["d_ff"],
-        dropout=0.1,
-        share_embeddings=tied,
-        tie_output=tied,
-    )
+    dims = (c["vocab"], c["d_model"], c["N"], c["h"], c["d_ff"])
+    return model_config(*dims, dropout=0.1, share_embeddings=tied, tie_output=tied)
 
 
 def nanomt_ids(batch: int, length: int, vocab: int, seed: int):
@@ -405,17 +342,7 @@ def hf_decode_contenders(c: dict, anchors: dict) -> list[Contender]:
     attn = torch.ones_like(src)
 
     def generate(beams: int):
-        with torch.inference_mode():
-            out = model.generate(
-                input_ids=src,
-                attention_mask=attn,
-                num_beams=beams,
-                do_sample=False,
-                min_new_tokens=N_NEW,
-                max_new_tokens=N_NEW,
-                use_cache=True,
-                early_stopping=False,
-            )
+        out = generate_exactly(model, src, attn, N_NEW, beams)
         assert out.shape == (N_SENT, N_NEW + 1), out.shape  # + the decoder start column
         return out
 
@@ -438,10 +365,10 @@ class Ct2Worker:
         raise RuntimeError(f"CTranslate2 worker exited (rc {self.proc.wait()}) before answering {prefix}")
 
     def run(self, name: str) -> float:
-        time.sleep(CT2_GAP_S)  # let this process's OpenMP threads go to sleep first
+        time.sleep(GAP_S)  # let this process's OpenMP threads go to sleep first
         self.proc.stdin.write(name + "\n")
         seconds = float(self._reply("TIME:"))
-        time.sleep(CT2_GAP_S)  # ... and the worker's
+        time.sleep(GAP_S)  # ... and the worker's
         return seconds
 
     def contenders(self) -> list[Contender]:
@@ -488,6 +415,8 @@ def bench_decode(cfg_name: str, anchors: dict, warmup: int, reps: int) -> dict:
     """Decoding throughput of nanomt, Marian generate and CTranslate2, round-robin; ratios at the same precision."""
     c = anchors["common"].CONFIGS[cfg_name]
     print(f"== decode {cfg_name}: building contenders", flush=True)
+    # The CTranslate2 workers run this file as a script, whose imports need the repository's root on their path.
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     contenders, notes = nanomt_decode_contenders(c)
     if available("transformers", "hf generate"):
         contenders += hf_decode_contenders(c, anchors)
@@ -537,87 +466,12 @@ def decode_rows(timings: dict) -> dict:
 # 3. `nanomt translate` against CTranslate2: the same batches, each engine in its own process.
 # ---------------------------------------------------------------------------------------------------------
 
-PRECISIONS = ("fp32", "int8")
 TRANSLATE_BEAM = 5
-SHOWN_DIFFERENCES = 20  # line numbers listed per comparison
-BATCHINGS = {
-    "plan": "CTranslate2 decodes nanomt's batches: the same sentences in each batch, in nanomt's order (sorted by "
-    "length, cut at decode.max_tokens padded source tokens), one translate_batch call a batch. CTranslate2 takes "
-    "one max_decoding_length a call, so each call gets the batch's largest generation budget and every output is "
-    "cut at its own sentence's; the limit acts only at its last step, so a search that ends before its sentence's "
-    "budget is unchanged (ct2_lines_changed_by_batch_budget counts the lines where it was not, against "
-    "Ct2Translator's exact per-budget decoding). Both engines pad and decode the same rows.",
-    "budget": "each engine its own batching: nanomt its token-budget batches, CTranslate2 Ct2Translator's one call "
-    "per generation budget (padding-free batches of a single source length). Not the same work: a reference only.",
-}
-
-
-def answer_requests(handlers: dict[str, Callable[..., dict]], ready: dict) -> None:
-    """A worker's loop: `READY:{json}`, then for each JSON request line on stdin one `REPLY:{json}` line."""
-    print("READY:" + json.dumps(ready), flush=True)
-    for line in sys.stdin:
-        request = json.loads(line)
-        op = request.pop("op")
-        try:
-            reply = handlers[op](**request)
-        except Exception as e:  # the parent raises it; the worker stays up for the next request
-            reply = {"error": repr(e)}
-        print("REPLY:" + json.dumps(reply), flush=True)
-
-
-def lines_alone(translate: Callable[[list[str]], list[str]], lines: list[str], indices: list[int]) -> dict:
-    """A worker's latency request: each line alone, one after another; the seconds and translation of each."""
-    seconds, texts = [], []
-    for i in indices:
-        start = time.perf_counter()
-        texts += translate([lines[i]])
-        seconds.append(time.perf_counter() - start)
-    return {"seconds": seconds, "translations": texts}
-
-
-class EngineProcess:
-    """The parent's end of a worker process (`answer_requests`): one engine, alone in its process."""
-
-    def __init__(self, cmd: list[str], name: str, threads: int = NUM_THREADS):
-        self.name = name
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-        pipe = subprocess.PIPE
-        self.proc = subprocess.Popen(cmd, stdin=pipe, stdout=pipe, text=True, bufsize=1, cwd=ROOT, env=env)
-        self.info = json.loads(self._line("READY:"))
-
-    def _line(self, prefix: str) -> str:
-        for line in self.proc.stdout:
-            if line.startswith(prefix):
-                return line[len(prefix) :]
-        raise RuntimeError(f"the {self.name} worker exited (rc {self.proc.wait()}) before answering {prefix}")
-
-    def ask(self, op: str, **request) -> dict:
-        self.proc.stdin.write(json.dumps({"op": op, **request}) + "\n")
-        reply = json.loads(self._line("REPLY:"))
-        if "error" in reply:
-            raise RuntimeError(f"{self.name} worker: {reply['error']}")
-        return reply
-
-    def timed(self, op: str, **request) -> dict:
-        """`ask`, with idle gaps around it: the other processes' OpenMP threads stop spinning first, then its own."""
-        time.sleep(CT2_GAP_S)
-        reply = self.ask(op, **request)
-        time.sleep(CT2_GAP_S)
-        return reply
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
 
 
 def nanomt_plan(translator, lines: list[str]):
     """The batches (line indices) `Translator.translate` cuts for `lines`, and the lines it decodes at all."""
-    # As Translator._decode: source ids plus EOS, empty lines not decoded, sorted by length and cut at
+    # As Translator.translate batches a file: source ids plus EOS, empty lines not decoded, sorted by length and cut at
     # decode.max_tokens padded source tokens. A line past the model's positions is decoded in pieces there, which
     # this plan does not model (capped here): BatchSpy checks the plan against each run and reports a mismatch.
     import numpy as np
@@ -694,127 +548,6 @@ def nanomt_engine_worker(checkpoint: str, src_file: str, threads: str) -> None:
     answer_requests(handlers, {**ready, "plan": plan, "max_tokens": engines["fp32"].cfg.decode.max_tokens})
 
 
-def engine_processes(checkpoint: str, src: Path, workdir: Path, threads: int = NUM_THREADS) -> dict[str, EngineProcess]:
-    """The nanomt worker and, when ctranslate2 is installed, the CTranslate2 one (`export ct2` into workdir)."""
-    ckpt = str(Path(checkpoint).resolve())
-    cmd = [sys.executable, "-m", "benchmarks.speed", "--engine-worker", ckpt, str(src), str(threads)]
-    engines = {"nanomt": EngineProcess(cmd, "nanomt", threads)}
-    if available("ctranslate2", "ct2_translate"):
-        cmd = [sys.executable, "-m", "benchmarks.ct2_convert", ckpt, str(workdir / "ct2"), "--src", str(src)]
-        engines["ct2"] = EngineProcess([*cmd, "--worker", "--threads", str(threads)], "ctranslate2", threads)
-    return engines
-
-
-def run_request(impl: str, precision: str, beam: int, batching: str) -> dict:
-    """The `run` request of an engine: CTranslate2 is told how to batch, nanomt batches as it always does."""
-    request = {"engine": precision, "beam": beam}
-    return {**request, "batching": batching} if impl == "ct2" else request
-
-
-def engine_contenders(engines: dict[str, EngineProcess], beams: dict[str, int], batching: str) -> list[Contender]:
-    """One contender per engine, precision and mode (name -> beam): a whole-file `run` in the engine's process."""
-    contenders = []
-    for mode, beam in beams.items():
-        for impl, proc in engines.items():
-            for precision in PRECISIONS:
-                info: dict = {}
-                request = run_request(impl, precision, beam, batching)
-
-                def run(proc=proc, request=request, info=info) -> float:
-                    reply = proc.timed("run", **request)
-                    info.update({k: v for k, v in reply.items() if k != "seconds"})
-                    return reply["seconds"]
-
-                contenders.append(Contender(f"{impl}_translate_{precision}/{mode}", run, info))
-    return contenders
-
-
-def engine_outputs(engines: dict[str, EngineProcess], beams: dict[str, int], batching: str, names) -> dict:
-    """The translations of every engine's last run (for the contenders in `names`)."""
-    out = {}
-    for mode, beam in beams.items():
-        for impl, proc in engines.items():
-            for precision in PRECISIONS:
-                name = f"{impl}_translate_{precision}/{mode}"
-                if name in names:
-                    request = run_request(impl, precision, beam, batching)
-                    out[name] = proc.ask("outputs", **request)["translations"]
-    return out
-
-
-def differing(a: list[str], b: list[str]) -> dict:
-    """How many lines differ, and the first few line numbers (1-based)."""
-    lines = [i + 1 for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y]
-    return {"differing_lines": len(lines), "first_differing_line_numbers": lines[:SHOWN_DIFFERENCES]}
-
-
-def changed_by_batch_budget(ct2: EngineProcess, beams: dict[str, int], outputs: dict) -> dict:
-    """Per precision and mode: lines where nanomt's batches changed CTranslate2's output against its exact decoding."""
-    changed = {}
-    for mode, beam in beams.items():
-        for precision in PRECISIONS:
-            name = f"ct2_translate_{precision}/{mode}"
-            if name in outputs:  # one untimed run with Ct2Translator's own grouping by generation budget
-                ct2.ask("run", engine=precision, beam=beam, batching="budget")
-                exact = ct2.ask("outputs", engine=precision, beam=beam, batching="budget")["translations"]
-                changed[name] = differing(outputs[name], exact)["differing_lines"]
-    return changed
-
-
-def engine_comparison(outputs: dict, modes) -> dict:
-    """Differing lines: nanomt against CTranslate2 at each precision, and int8 against float32 in each engine."""
-    out = {}
-    for mode in modes:
-        pairs = {
-            "fp32_nanomt_vs_ct2": ("nanomt_translate_fp32", "ct2_translate_fp32"),
-            "int8_nanomt_vs_ct2": ("nanomt_translate_int8", "ct2_translate_int8"),
-            "nanomt_int8_vs_fp32": ("nanomt_translate_int8", "nanomt_translate_fp32"),
-            "ct2_int8_vs_fp32": ("ct2_translate_int8", "ct2_translate_fp32"),
-        }
-        for key, (a, b) in pairs.items():
-            a, b = f"{a}/{mode}", f"{b}/{mode}"
-            if a in outputs and b in outputs:
-                out.setdefault(mode, {})[key] = differing(outputs[a], outputs[b])
-    return out
-
-
-def same_batches(timings: dict, batching: str) -> bool | None:
-    """Whether every engine decoded the same batches: the same sizes, and nanomt's runs cut the plan's batches."""
-    rows = [t for t in timings.values() if "batch_sizes" in t]
-    checks = [t["matches_plan"] for t in rows if "matches_plan" in t]
-    if batching != "plan" or not rows or None in checks:
-        return False if batching != "plan" else None  # None: nanomt's batches were not seen
-    return all(checks) and all(t["batch_sizes"] == rows[0]["batch_sizes"] for t in rows)
-
-
-def harness_info(
-    engines: dict[str, EngineProcess], beams: dict[str, int], batching: str, warmup: int, reps: int
-) -> dict:
-    """What the harness did: the batching, the plan's shape, the processes and their threads."""
-    nanomt = engines["nanomt"].info
-    sizes = [len(b) for b in nanomt["plan"]]
-    threads = {"nanomt": nanomt["threads"]}
-    if "ct2" in engines:
-        threads["ct2"] = engines["ct2"].info["intra_threads"]
-    return {
-        "batching": batching,
-        "how": BATCHINGS[batching],
-        "processes": "each engine in its own worker process (CTranslate2's never imports torch), this one only "
-        f"orchestrates; one whole-file run a request, {CT2_GAP_S} s idle before and after each; round-robin, "
-        f"starting one engine further along each round; {warmup} warm-up round(s) dropped, {reps} kept",
-        "threads": threads,
-        "omp_num_threads": nanomt["omp_num_threads"],
-        "nanomt_max_tokens": nanomt["max_tokens"],
-        "plan_batches": len(sizes),
-        "plan_sentences_per_batch": sizes,
-        "plan_beam_rows_per_batch": {mode: [n * beam for n in sizes] for mode, beam in beams.items()},
-        "versions": {
-            "torch": nanomt["torch"],
-            "ctranslate2": engines["ct2"].info["version"] if "ct2" in engines else None,
-        },
-    }
-
-
 def bench_translate(
     checkpoint: str,
     src_file: str,
@@ -867,27 +600,6 @@ def translate_rows(timings: dict, outputs: dict, checkpoint: str, src_file: str,
         if impl_precision.endswith("int8") and "sentences_per_s" in fp32:
             row["x_fp32"] = row["sentences_per_s"] / fp32["sentences_per_s"]
     return rows
-
-
-def translate_machine(harness: dict) -> dict:
-    """CPU, threads, versions and git, without importing torch (the engines run in their own processes)."""
-    versions = {}
-    for package in ("torch", "transformers", "ctranslate2", "numpy", "sentencepiece"):
-        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-            versions[package] = importlib.metadata.version(package)
-        versions.setdefault(package, None)
-    return {
-        "cpu": cpu_model(),
-        "nproc": os.cpu_count(),
-        "threads": max(harness["threads"].values()),
-        "engine_threads": harness["threads"],
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "versions": versions,
-        "git_commit": git("rev-parse", "HEAD"),
-        "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -28,8 +28,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import NANOMT, RESULTS, ROOT, cpu_model, git, shown
-from nanomt.interop.ct2 import VMAP
+from benchmarks.harness import best_by_nanomt_penalty
+from nanomt.interop import ct2
+from scripts.common import NANOMT, RESULTS, ROOT, cpu_model, git, shown
 
 THREADS = 2
 
@@ -44,8 +45,6 @@ def ct2_main(argv: list[str]) -> None:
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--use-vmap", action="store_true", help="the export's vocabulary map (its vmap.txt)")
     args = p.parse_args(argv)
-    from benchmarks.ct2_convert import best_by_nanomt_penalty, ct2  # nanomt/interop/ct2.py alone: no torch
-
     t = ct2.Ct2Translator(args.ct2, compute_type=args.compute_type, intra_threads=THREADS)
     lines = args.input.read_text(encoding="utf-8").splitlines()
     ids = t.encode(lines)
@@ -132,7 +131,7 @@ def main() -> None:
         one.write_text(args.src.read_text(encoding="utf-8").splitlines()[0] + "\n", encoding="utf-8")
         (tmp / "whole").mkdir()
         (tmp / "start").mkdir()
-        if args.shortlist and not (ct2_dir / VMAP).is_file():
+        if args.shortlist and not (ct2_dir / ct2.VMAP).is_file():
             sys.exit(f"translate_ct2.py: error: {args.run} has no shortlist (nanomt shortlist builds it)")
         cmds = commands(args.run, ct2_dir, args.src, tmp / "whole", args.beam, args.shortlist)
         whole = round_robin(cmds, args.reps, args.warmup)

@@ -13,20 +13,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def git_commit() -> str | None:
-    """The commit of the checkout (None where git is missing)."""
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    except OSError:
-        return None
+from scripts.common import git
 
 
 def read_json(path: Path) -> dict | None:
@@ -112,7 +103,7 @@ def main(argv: list[str] | None = None) -> dict:
         "Hugging Face generate",
         "device": (step_report or decode_report or {}).get("device"),
         "date": time.strftime("%Y-%m-%d"),
-        "commit": git_commit(),
+        "commit": git("rev-parse", "HEAD") or None,  # None where git is missing
         "failed_steps": args.failed,
         "seconds": {k: int(v) for k, v in (s.split("=", 1) for s in args.seconds)},
         "cuda_tests": tests(d / "cuda_tests.xml"),

@@ -21,7 +21,6 @@ import argparse
 import dataclasses
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -31,27 +30,27 @@ import torch
 
 from nanomt.core import checkpoint as ckpt
 from nanomt.core.config import load_config
-from nanomt.core.runtime import cpu_has_bf16_kernels
 from nanomt.decoding.translate import Translator
 from nanomt.plots import plot_curves
 from nanomt.training.evaluate import evaluate
 from nanomt.training.metrics_log import read_metrics
+from scripts.common import (
+    DEFAULT_CONFIG,
+    DEFAULT_DATA,
+    NANOMT,
+    RECIPE_RESULTS,
+    ROOT,
+    data_overrides,
+    machine,
+    relative_paths,
+    run_training,
+    shown,
+    training_summary,
+)
 
-ROOT = Path(__file__).resolve().parent.parent
-NANOMT = [sys.executable, "-m", "nanomt.cli"]
 DATA_FILES = ("train.de", "train.en", "val.de", "val.en", "test2016.de", "test2016.en")
 # The baselines measured outside nanomt on the recipe's machine, with where each comes from.
-BASELINES = ROOT / "scripts" / "results" / "baselines.json"
-
-
-def data_overrides(data: Path) -> list[str]:
-    """--set arguments pointing the config at the Multi30k files in `data`."""
-    files = {"train": "train", "valid": "val", "test": "test2016"}
-    return [
-        f"data.{split}.{side}={data / f'{name}.{lang}'}"
-        for split, name in files.items()
-        for side, lang in (("src", "de"), ("tgt", "en"))
-    ]
+BASELINES = RECIPE_RESULTS / "baselines.json"
 
 
 def baselines(path: Path = BASELINES) -> dict:
@@ -68,82 +67,6 @@ def baselines(path: Path = BASELINES) -> dict:
     except (OSError, ValueError, KeyError, TypeError) as e:
         reason = f"no {e}" if isinstance(e, KeyError) else str(e).splitlines()[0]
         sys.exit(f"multi30k.py: error: cannot read the baselines' test2016 figures from {shown(path)}: {reason}")
-
-
-def run_training(config: Path, run_dir: Path, overrides: list[str], log: Path | None = None) -> None:
-    """`nanomt train`, in a subprocess so its threads and memory are its own; its output to `log` if given."""
-    cmd = [*NANOMT, "train", str(config), "--run-dir", str(run_dir)]
-    for o in overrides:
-        cmd += ["--set", o]
-    if log is None:
-        print("$", " ".join(cmd), flush=True)
-        subprocess.run(cmd, check=True)
-        return
-    with open(log, "w") as f:
-        subprocess.run(cmd, check=True, stdout=f, stderr=subprocess.STDOUT)
-
-
-def shown(path: str | Path) -> str:
-    """A path as a results file names it: relative to the repository, never absolute."""
-    return os.path.relpath(Path(path).resolve(), ROOT)
-
-
-def relative_paths(obj):
-    """`obj` (JSON-like) with every absolute path in it made relative to the repository."""
-    if isinstance(obj, dict):
-        return {k: relative_paths(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [relative_paths(v) for v in obj]
-    if isinstance(obj, str) and os.path.isabs(obj):
-        return shown(obj)
-    return obj
-
-
-def machine() -> dict:
-    """CPU model, threads, versions and the git commit (and whether the tree differed from it), for a results file."""
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor(),
-    )
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-
-    import sacrebleu
-    import sentencepiece
-
-    return {
-        "cpu": cpu,
-        "threads": torch.get_num_threads(),
-        "bf16_kernels": cpu_has_bf16_kernels(),  # train.precision=auto: bf16 if true, else fp32
-        "cores": os.cpu_count(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "sacrebleu": sacrebleu.__version__,
-        "sentencepiece": sentencepiece.__version__,
-        "git_commit": git("rev-parse", "HEAD"),
-        "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
-    }
-
-
-def training_summary(run_dir: Path) -> dict:
-    """Steps, wall seconds and mean tokens/s from metrics.jsonl."""
-    rows = read_metrics(run_dir / "metrics.jsonl")
-    train_rows = [r for r in rows if "loss" in r]
-    evals = [r for r in rows if "valid_bleu" in r]
-    return {
-        "steps": max(r["step"] for r in rows),  # the last step may come after the last log row
-        "epochs": max(r["epoch"] for r in rows),
-        "train_wall_seconds": max(r["elapsed_s"] for r in rows),
-        # None for a run shorter than one log interval (a smoke test)
-        "tokens_per_s": round(sum(r["tokens_per_s"] for r in train_rows) / len(train_rows), 1) if train_rows else None,
-        "best_valid_greedy_bleu": max((r["valid_bleu"] for r in evals), default=None),
-        "valid_greedy_bleu_curve": [(r["step"], r["elapsed_s"], r["valid_bleu"]) for r in evals],
-    }
 
 
 def with_decoding(src: Path, out: Path, beam: int, length_penalty: float) -> Path:
@@ -257,8 +180,8 @@ def ablation(config: Path, data: Path, root: Path, steps: int, overrides: list[s
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data" / "multi30k")
-    p.add_argument("--config", type=Path, default=ROOT / "configs" / "multi30k_de_en.yaml")
+    p.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    p.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
     p.add_argument(
         "--set",
         dest="overrides",
@@ -267,7 +190,7 @@ def parse_args() -> argparse.Namespace:
         metavar="SECTION.KEY=VALUE",
         help="a config override for the recipe's training (and the ablation's), as `nanomt train --set`",
     )
-    p.add_argument("--out", type=Path, default=ROOT / "scripts" / "results" / "multi30k_de_en.json")
+    p.add_argument("--out", type=Path, default=RECIPE_RESULTS / "multi30k_de_en.json")
     p.add_argument("--run-dir", type=Path, help="the recipe's run directory (default: runs/ and the --out name)")
     p.add_argument("--ablation-steps", type=int, default=0, help="also run the ablation, this many steps each")
     p.add_argument("--ablation-only", action="store_true", help="add the ablation to an existing results file")

@@ -9,10 +9,9 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from scripts.common import git
 
 
 def scores(run: dict) -> dict[str, float]:
@@ -46,7 +45,7 @@ def main() -> None:
     args = p.parse_args()
     runs = [json.loads(path.read_text(encoding="utf-8")) for path in args.runs]
     per_run = [scores(run) for run in runs]
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    commit = git("rev-parse", "HEAD")
     result = {
         "task": "Multi30k de->en, the recipe (configs/multi30k_de_en.yaml) over seeds: mean, sample sd, min, max",
         "runs": [path.as_posix() for path in args.runs],

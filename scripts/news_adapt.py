@@ -23,72 +23,27 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import subprocess
-import sys
 import time
-from importlib import metadata
 from pathlib import Path
 
-import torch
+from scripts.common import (
+    DEFAULT_CONFIG,
+    DEFAULT_RUN,
+    NANOMT,
+    RECIPE_RESULTS,
+    ROOT,
+    data_overrides,
+    machine,
+    run_training,
+    shown,
+    training_summary,
+)
 
-from nanomt.core.runtime import cpu_has_bf16_kernels
-from nanomt.training.metrics_log import read_metrics
-
-ROOT = Path(__file__).resolve().parent.parent
-NANOMT = [sys.executable, "-m", "nanomt.cli"]
 NEWS_TRAIN = ("news-test2008", "newssyscomb2009", "newstest2009", "newstest2010", "newstest2011")
 NEWS_TEST = "newstest2012"
-BASE_CONFIG = ROOT / "configs" / "multi30k_de_en.yaml"
+BASE_CONFIG = DEFAULT_CONFIG  # the Multi30k recipe's
 ADAPT_CONFIG = ROOT / "configs" / "news_adapt_de_en.yaml"
-SIDES = (("src", "de"), ("tgt", "en"))
-
-
-def shown(path: str | Path) -> str:
-    """A path as the results file names it: relative to the repository, never absolute."""
-    return os.path.relpath(Path(path).resolve(), ROOT)
-
-
-def machine() -> dict:
-    """CPU model, threads, versions and the git commit (and whether the tree differed from it)."""
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-
-    cpuinfo = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").is_file() else []
-    return {
-        "cpu": next((x.split(":", 1)[1].strip() for x in cpuinfo if x.startswith("model name")), platform.processor()),
-        "threads": torch.get_num_threads(),
-        "bf16_kernels": cpu_has_bf16_kernels(),
-        "cores": os.cpu_count(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "sacrebleu": metadata.version("sacrebleu"),
-        "sentencepiece": metadata.version("sentencepiece"),
-        "git_commit": git("rev-parse", "HEAD"),
-        "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
-    }
-
-
-def multi30k_files(data: Path) -> list[str]:
-    """--set arguments pointing a config at Multi30k's train, val and test2016 files in `data`."""
-    files = {"train": "train", "valid": "val", "test": "test2016"}
-    return [f"data.{split}.{side}={data}/{name}.{lang}" for split, name in files.items() for side, lang in SIDES]
-
-
-def training_summary(run: Path) -> dict:
-    """Steps, epochs, wall seconds, mean tokens/s and the validation curve, from the run's metrics.jsonl."""
-    rows = read_metrics(run / "metrics.jsonl")
-    logged, evals = [r for r in rows if "loss" in r], [r for r in rows if "valid_bleu" in r]
-    return {
-        "steps": max(r["step"] for r in rows),
-        "epochs": max(r["epoch"] for r in rows),
-        "train_wall_seconds": max(r["elapsed_s"] for r in rows),
-        "tokens_per_s": round(sum(r["tokens_per_s"] for r in logged) / len(logged), 1) if logged else None,
-        "best_valid_greedy_bleu": max((r["valid_bleu"] for r in evals), default=None),
-        "valid_greedy_bleu_curve": [(r["step"], r["elapsed_s"], r["valid_bleu"]) for r in evals],
-    }
 
 
 def news_training_files(news: Path, work: Path) -> tuple[Path, Path]:
@@ -132,9 +87,7 @@ def scores(run: Path, data: Path) -> dict:
 def trained(name: str, config: Path, run: Path, sets: list[str], log: Path) -> dict:
     """Train (or resume) one run with `nanomt train`, its output to `log`; its steps, time and validation curve."""
     t0 = time.time()
-    cmd = [*NANOMT, "train", str(config), "--run-dir", str(run), *(x for o in sets for x in ("--set", o))]
-    with open(log, "w") as f:
-        subprocess.run(cmd, check=True, stdout=f, stderr=subprocess.STDOUT)
+    run_training(config, run, sets, log=log)
     return {"config": shown(config), "run": shown(run), **training_summary(run), "wall_s": round(time.time() - t0)}
 
 
@@ -145,7 +98,7 @@ def main() -> None:
     p.add_argument("--minutes", type=float, default=10.0, help="training budget of each of the three runs")
     p.add_argument("--base-minutes", type=float, default=None, help="the base's budget (default: its config's)")
     p.add_argument("--work", type=Path, default=ROOT / "runs" / "news_adapt")
-    p.add_argument("--out", type=Path, default=ROOT / "scripts" / "results" / "news_adapt.json")
+    p.add_argument("--out", type=Path, default=RECIPE_RESULTS / "news_adapt.json")
     args = p.parse_args()
     data, news, multi30k = args.data.resolve(), args.data.resolve() / "news", args.data.resolve() / "multi30k"
     work = args.work.resolve()
@@ -153,8 +106,8 @@ def main() -> None:
     base = args.base
     base_run = None
     if base is None:
-        base = ROOT / "runs" / "multi30k_de_en"
-        sets = multi30k_files(multi30k) + ([f"train.max_minutes={args.base_minutes}"] if args.base_minutes else [])
+        base = DEFAULT_RUN
+        sets = data_overrides(multi30k) + ([f"train.max_minutes={args.base_minutes}"] if args.base_minutes else [])
         base_run = trained("base", BASE_CONFIG, base, sets, work / "base.log")
     news_train = news_training_files(news, work)
     budget = [f"train.max_minutes={args.minutes}", "train.progress=false"]

@@ -1,7 +1,8 @@
 """MKL's packed single-precision GEMM against F.linear on the decoder's shapes, float32, 2 threads.
 
-    python -m benchmarks.mkl_packed                    # Multi30k recipe's model shapes -> results/mkl_packed.json
-    python -m benchmarks.mkl_packed --d-model 512 --d-ff 2048 --vocab 58101 --out runs/mkl_opus.json  # opus-mt
+    python -m benchmarks.experiments.mkl_packed        # the Multi30k recipe's model shapes -> results/mkl_packed.json
+    python -m benchmarks.experiments.mkl_packed --d-model 512 --d-ff 2048 --vocab 58101 \\
+        --out runs/mkl_opus.json                       # opus-mt's
 
 PyTorch ships MKL's packed GEMM as torch.ops.mkl._mkl_reorder_linear_weight (pack W once, for a given row count) and
 torch.ops.mkl._mkl_linear (what Inductor's freezing pass calls for CPU inference). Here each linear layer of a
@@ -22,7 +23,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import RESULTS, machine
+from scripts.common import RESULTS, machine
 
 ROWS = (5, 40, 160, 320, 640)  # one sentence at beam 5 .. a batch of 128 sentences at beam 5
 

@@ -1,13 +1,13 @@
 """Documents through a trained model: paragraphs against their lines one by one, and `nanomt translate`'s memory.
 
-    python -m benchmarks.documents --checkpoint runs/multi30k_de_en [--news DIR] [--src FILE]
+    python -m benchmarks.experiments.documents --checkpoint runs/multi30k_de_en [--news DIR] [--src FILE]
                                                                       # benchmarks/results/documents.json
 
-paragraphs: 2-6 consecutive lines of newstest2012.de (benchmarks.sentence_split's paragraphs; `punctuated`: those
-whose lines all end in sentence-final punctuation) joined by one space, translated as documents (split: sentences,
-pass-through spans, pieces), against each line translated alone and the translations joined by one space: the
-share of paragraphs whose two translations are the same text. A line that holds two sentences is split in the
-paragraph and not alone, so it counts as a difference.
+paragraphs: 2-6 consecutive lines of newstest2012.de (sentence_split's paragraphs, benchmarks.harness.paragraphs;
+`punctuated`: those whose lines all end in sentence-final punctuation) joined by one space, translated as documents
+(split: sentences, pass-through spans, pieces), against each line translated alone and the translations joined by
+one space: the share of paragraphs whose two translations are the same text. A line that holds two sentences is
+split in the paragraph and not alone, so it counts as a difference.
 
 memory: the peak resident memory of `nanomt translate --beam 1` on files of `--src` lines (Multi30k test2016)
 cycled and padded with spaces to 2,500 bytes a line (the tokenizer drops the spaces): 2,000 lines (5 MB) and 20,000
@@ -24,12 +24,10 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import ROOT, machine, shown
-from benchmarks.sentence_split import SENTENCE_END, paragraphs
+from benchmarks.harness import SENTENCE_END, paragraphs
+from scripts.common import DEFAULT_NEWS, DEFAULT_SRC, RESULTS, ROOT, machine, shown
 
-DEFAULT_NEWS = ROOT.parent / "shared" / "data" / "news"
-DEFAULT_SRC = ROOT.parent / "shared" / "data" / "multi30k" / "test2016.de"
-DEFAULT_OUT = ROOT / "benchmarks" / "results" / "documents.json"
+DEFAULT_OUT = RESULTS / "documents.json"
 PAD_TO = 2500  # bytes a line of the memory test's files
 PEAK_RSS = """
 import resource, subprocess, sys

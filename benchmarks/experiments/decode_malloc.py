@@ -1,15 +1,16 @@
 """`nanomt translate`'s decoding with glibc malloc's defaults against nanomt's setting (`keep_freed_memory`).
 
-    python -m benchmarks.decode_malloc --checkpoint runs/multi30k_de_en --src ../shared/data/multi30k/test2016.de
+    python -m benchmarks.experiments.decode_malloc --checkpoint runs/multi30k_de_en \\
+        --src ../shared/data/multi30k/test2016.de
 
 Beam search allocates and frees blocks of tens of MB at every step (the (rows, V) scores and their top-k, the
 beams' reordered caches); by default glibc gives each block over its mmap threshold pages of its own and returns
-them on free, so the next step faults them in again (benchmarks.malloc measured this for training). Each setting
-runs in a child process of its own (the baseline sets GLIBC_TUNABLES to glibc's own default for `perturb`, a
-no-op, which makes nanomt leave malloc alone), alternating, --pairs times: load the checkpoint, translate the
-first 100 lines once to warm up, then the whole file --reps times at --beam. Per run: median seconds, sentences/s,
-the minor page faults and system CPU seconds of the timed translations, and a digest of the output (the same in
-both settings: malloc decides where numbers live, not what they are).
+them on free, so the next step faults them in again (benchmarks.experiments.malloc measured this for training).
+Each setting runs in a child process of its own (the baseline sets GLIBC_TUNABLES to glibc's own default for
+`perturb`, a no-op, which makes nanomt leave malloc alone), alternating, --pairs times: load the checkpoint,
+translate the first 100 lines once to warm up, then the whole file --reps times at --beam. Per run: median seconds,
+sentences/s, the minor page faults and system CPU seconds of the timed translations, and a digest of the output (the
+same in both settings: malloc decides where numbers live, not what they are).
 """
 
 from __future__ import annotations
@@ -22,11 +23,11 @@ import resource
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from benchmarks.common import RESULTS, ROOT, machine, shown
+from benchmarks.harness import timed_reps
 from nanomt.core.runtime import user_allocator_settings
+from scripts.common import DEFAULT_RUN, DEFAULT_SRC, RESULTS, ROOT, machine, shown
 
 SETTINGS = {"glibc_default": "glibc.malloc.perturb=0", "nanomt": None}
 
@@ -40,14 +41,10 @@ def child(checkpoint: Path, src: Path, beam: int, reps: int) -> dict:
     translator = Translator.from_checkpoint(checkpoint)
     lines = src.read_text(encoding="utf-8").splitlines()
     translator.translate(lines[:100], beam_size=beam)
-    seconds, digests = [], set()
     before = resource.getrusage(resource.RUSAGE_SELF)
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        out = translator.translate(lines, beam_size=beam)
-        seconds.append(time.perf_counter() - t0)
-        digests.add(hashlib.sha256("\n".join(out).encode()).hexdigest()[:16])
+    seconds, outputs = timed_reps(lambda: translator.translate(lines, beam_size=beam), reps)
     after = resource.getrusage(resource.RUSAGE_SELF)
+    digests = {hashlib.sha256("\n".join(out).encode()).hexdigest()[:16] for out in outputs}
     median = statistics.median(seconds)
     return {
         "setting_applied": applied,
@@ -64,16 +61,17 @@ def one_run(args: argparse.Namespace, tunables: str | None) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in user_allocator_settings()}
     if tunables is not None:
         env["GLIBC_TUNABLES"] = tunables
-    cmd = [sys.executable, "-m", "benchmarks.decode_malloc", "--child", "--checkpoint", str(args.checkpoint)]
-    cmd += ["--src", str(args.src), "--beam", str(args.beam), "--reps", str(args.reps)]
+    cmd = [sys.executable, "-m", "benchmarks.experiments.decode_malloc", "--child"]
+    cmd += ["--checkpoint", str(args.checkpoint), "--src", str(args.src)]
+    cmd += ["--beam", str(args.beam), "--reps", str(args.reps)]
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, check=True)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", type=Path, default=ROOT / "runs" / "multi30k_de_en")
-    p.add_argument("--src", type=Path, default=ROOT.parent / "shared" / "data" / "multi30k" / "test2016.de")
+    p.add_argument("--checkpoint", type=Path, default=DEFAULT_RUN)
+    p.add_argument("--src", type=Path, default=DEFAULT_SRC)
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--pairs", type=int, default=3)

@@ -7,7 +7,8 @@ and for every language the system's gettext catalogs (`--locale-dir`, Debian's s
 translated by people): English from their msgids, the others from their translations. Each text is cut to its first
 k words, k drawn uniformly from 1..min(20, its length), so that every length from one word up is measured.
 
-    python -m benchmarks.langdetect [--wheels DIR]   # DIR: the candidates' wheels (pip download --no-deps), for size
+    python -m benchmarks.experiments.langdetect [--wheels DIR]   # DIR: the candidates' wheels (pip download
+                                                                 # --no-deps), for their size
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from collections import defaultdict
 from importlib import metadata
 from pathlib import Path
 
-from benchmarks.common import ROOT, machine
+from scripts.common import DEFAULT_DATA, DEFAULT_NEWS, RESULTS, ROOT, machine
 
 SERVED = ("de", "en", "fr", "cs")  # the candidate set of a server with these pairs
 WIDE = SERVED + ("es", "it", "pl", "nl", "ru")  # a server with more languages: more ways to be wrong
@@ -233,7 +234,7 @@ def rss(field="VmRSS"):
     return int(status.split()[0]) / 1024
 base = rss()
 start = time.perf_counter()
-from benchmarks.langdetect import DETECTORS, WARMUP
+from benchmarks.experiments.langdetect import DETECTORS, WARMUP
 detect = DETECTORS[sys.argv[1]](tuple(sys.argv[2].split(",")))
 first = time.perf_counter() - start
 for code in sys.argv[2].split(","):
@@ -287,14 +288,14 @@ def package_facts(name: str, wheels: Path | None) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--news", type=Path, default=ROOT.parent / "shared" / "data" / "news")
-    p.add_argument("--multi30k", type=Path, default=ROOT.parent / "shared" / "data" / "multi30k")
+    p.add_argument("--news", type=Path, default=DEFAULT_NEWS)
+    p.add_argument("--multi30k", type=Path, default=DEFAULT_DATA)
     p.add_argument("--locale-dir", type=Path, default=Path("/usr/share/locale"))
     p.add_argument("--wheels", type=Path, default=None, help="the candidates' wheels, for their download size")
     p.add_argument("--only", nargs="*", default=list(DETECTORS), choices=list(DETECTORS))
     p.add_argument("--repeats", type=int, default=3, help="fresh processes per start-up measurement")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "langdetect.json")
+    p.add_argument("--out", type=Path, default=RESULTS / "langdetect.json")
     args = p.parse_args()
     rows = test_texts(args)
     counts: dict = defaultdict(lambda: defaultdict(int))

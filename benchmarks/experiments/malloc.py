@@ -1,6 +1,6 @@
 """The Multi30k training step with glibc malloc's defaults against nanomt's setting (`keep_freed_memory`).
 
-    python -m benchmarks.malloc --data ../shared/data/multi30k     # -> benchmarks/results/malloc.json
+    python -m benchmarks.experiments.malloc --data ../shared/data/multi30k     # -> benchmarks/results/malloc.json
 
 By default glibc gives every block over its mmap threshold (at most 32 MB) pages of its own and returns them to
 the kernel on free. A training step allocates and frees several such blocks (the (B*T, V) logits, their
@@ -18,7 +18,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from benchmarks.common import step_timing_args, timed_run, write_step_timings
+from benchmarks.harness import step_timing_args, timed_run, write_step_timings
 from nanomt.core.runtime import user_allocator_settings
 
 SETTINGS = {"glibc_default": "glibc.malloc.perturb=0", "nanomt": None}

@@ -1,7 +1,7 @@
 """`nanomt translate`'s decoding by two checkouts of nanomt, side by side: did a change make translation slower?
 
     git worktree add ../nanomt-old COMMIT
-    python -m benchmarks.revisions --old ../nanomt-old --checkpoint runs/multi30k_de_en \
+    python -m benchmarks.experiments.revisions --old ../nanomt-old --checkpoint runs/multi30k_de_en \\
         --src ../shared/data/multi30k/test2016.de                  # -> benchmarks/results/revisions.json
 
 --old-checkpoint is the same checkpoint as the old code reads it, where its config has keys the old code does not
@@ -22,8 +22,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-
-from benchmarks.common import ROOT, machine, shown
 
 
 def child(checkpoint: Path, src: Path, beam: int, reps: int) -> dict:
@@ -48,6 +46,15 @@ def child(checkpoint: Path, src: Path, beam: int, reps: int) -> dict:
     }
 
 
+def child_main(argv: list[str]) -> None:
+    """A child's command line: one checkout's run, printed as JSON."""
+    p = argparse.ArgumentParser()
+    for flag, kind in (("--checkpoint", Path), ("--src", Path), ("--beam", int), ("--reps", int)):
+        p.add_argument(flag, type=kind, required=True)
+    args = p.parse_args(argv)
+    print(json.dumps(child(args.checkpoint, args.src, args.beam, args.reps)))
+
+
 def one_run(checkout: Path, checkpoint: Path, args: argparse.Namespace) -> dict:
     # This file, run as a script in the checkout's directory, imports nothing but the checkout's nanomt.
     env = {**os.environ, "PYTHONPATH": str(checkout)}
@@ -63,21 +70,22 @@ def one_run(checkout: Path, checkpoint: Path, args: argparse.Namespace) -> dict:
 
 
 def main() -> None:
+    if "--child" in sys.argv:  # in the other checkout: nothing of this one is imported, only that one's nanomt
+        child_main([a for a in sys.argv[1:] if a != "--child"])
+        return
+    from scripts.common import DEFAULT_RUN, DEFAULT_SRC, RESULTS, ROOT, machine, shown
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--old", type=Path, help="the other checkout (a git worktree)")
     p.add_argument("--new", type=Path, default=ROOT, help="the checkout compared with it (default: this one)")
-    p.add_argument("--checkpoint", type=Path, default=ROOT / "runs" / "multi30k_de_en")
+    p.add_argument("--checkpoint", type=Path, default=DEFAULT_RUN)
     p.add_argument("--old-checkpoint", type=Path, help="the checkpoint as the old code reads it (default: the same)")
-    p.add_argument("--src", type=Path, default=ROOT.parent / "shared" / "data" / "multi30k" / "test2016.de")
+    p.add_argument("--src", type=Path, default=DEFAULT_SRC)
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--pairs", type=int, default=3)
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "revisions.json")
-    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--out", type=Path, default=RESULTS / "revisions.json")
     args = p.parse_args()
-    if args.child:
-        print(json.dumps(child(args.checkpoint, args.src, args.beam, args.reps)))
-        return
     if args.old is None:
         p.error("--old is required")
     checkouts = {"old": args.old.resolve(), "new": args.new.resolve()}

@@ -1,6 +1,7 @@
 """Decoding a restrict_output model: the whole output projection masked with -inf, against the pruned copy.
 
-    python -m benchmarks.output_decode --checkpoint runs/multi30k_de_en/final  # benchmarks/results/output_decode.json
+    python -m benchmarks.experiments.output_decode --checkpoint runs/multi30k_de_en/final
+                                                                    # -> benchmarks/results/output_decode.json
 
 A model trained with `model.restrict_output: true` (the Multi30k recipe) keeps the whole tied 8k x D output matrix,
 which training needs for the embedding's gradient. `Translator` decodes through `model.prune_output`, a copy whose
@@ -24,10 +25,10 @@ from pathlib import Path
 import sacrebleu
 import torch
 
-from benchmarks.common import DEFAULT_DATA, RESULTS, ROOT, machine, shown
 from nanomt.core.checkpoint import load_checkpoint
 from nanomt.decoding.quantize import quantize_int8
 from nanomt.decoding.translate import Translator
+from scripts.common import DEFAULT_DATA, DEFAULT_RUN, RESULTS, machine, shown, write_results
 
 
 def translators(checkpoint: Path, int8: bool) -> dict[str, Translator]:
@@ -88,7 +89,7 @@ def compare(ts: dict[str, Translator], lines: list[str], refs: list[str], beam: 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", type=Path, default=ROOT / "runs" / "multi30k_de_en" / "final")
+    p.add_argument("--checkpoint", type=Path, default=DEFAULT_RUN / "final")
     p.add_argument("--data", type=Path, default=DEFAULT_DATA)
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--rounds", type=int, default=4)
@@ -114,9 +115,7 @@ def main() -> None:
             result[precision] = compare(ts, lines, refs, args.beam, args.rounds, args.single)
             print(precision, json.dumps(result[precision]), flush=True)
     result["machine"] = machine()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_results(args.out, result)
 
 
 if __name__ == "__main__":

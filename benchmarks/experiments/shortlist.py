@@ -1,6 +1,6 @@
 """The vocabulary shortlist's BLEU cost and speed: test2016 and the WMT news sets, float32 and int8, beam 5.
 
-    python -m benchmarks.shortlist RUN --data ../shared/data          # builds RUN/shortlist.json from Multi30k train
+    python -m benchmarks.experiments.shortlist RUN --data ../shared/data  # builds RUN/shortlist.json (Multi30k train)
 
 The table is built as `nanomt shortlist RUN --src train.de --tgt train.en` builds it (20 target pieces a source
 piece, the 100 most frequent always). Each set is translated with the checkpoint's decoding with and without
@@ -20,10 +20,10 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import NANOMT, RESULTS, ROOT, machine, shown
 from nanomt.decoding.translate import Translator
 from nanomt.training.data import read_lines
 from nanomt.training.metrics import score
+from scripts.common import NANOMT, RESULTS, ROOT, machine, shown
 
 NEWS = ("news-test2008", "newssyscomb2009", "newstest2009", "newstest2010", "newstest2011", "newstest2012")
 

@@ -1,6 +1,6 @@
 """A glossary on Multi30k test2016: how many translations contain their terms, BLEU with and without it, speed.
 
-    python -m benchmarks.glossary --checkpoint runs/multi30k_de_en --data ../shared/data/multi30k
+    python -m benchmarks.experiments.glossary --checkpoint runs/multi30k_de_en --data ../shared/data/multi30k
 
 The glossary is made from the references, as a user's terminology would be: German nouns (capitalized words of 4+
 letters seen 5+ times in the training sources) are paired with the English word they co-occur with most in the
@@ -21,16 +21,15 @@ import collections
 import json
 import platform
 import re
-import subprocess
 import time
 from pathlib import Path
 
 import torch
 
-from benchmarks.common import ROOT
 from nanomt.decoding.glossary import required_terms
 from nanomt.decoding.translate import Translator
 from nanomt.training.metrics import score
+from scripts.common import DEFAULT_DATA, DEFAULT_RUN, RESULTS, ROOT, git
 
 WORD = re.compile(r"\w+")
 
@@ -79,10 +78,10 @@ def timed(fn):
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--checkpoint", type=Path, default=ROOT / "runs" / "multi30k_de_en")
-    p.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data" / "multi30k")
+    p.add_argument("--checkpoint", type=Path, default=DEFAULT_RUN)
+    p.add_argument("--data", type=Path, default=DEFAULT_DATA)
     p.add_argument("--beam", type=int, default=5)
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "glossary.json")
+    p.add_argument("--out", type=Path, default=RESULTS / "glossary.json")
     args = p.parse_args()
     torch.set_num_threads(2)
     read = lambda name: (args.data / name).read_text(encoding="utf-8").splitlines()  # noqa: E731
@@ -134,7 +133,7 @@ def main() -> None:
             for n in sorted(by_terms)
         },
         "machine": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads()},
-        "commit": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip(),
+        "commit": git("rev-parse", "HEAD"),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n")

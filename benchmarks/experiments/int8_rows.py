@@ -2,8 +2,8 @@
 
 Run from the repository root on an otherwise idle machine:
 
-    python -m benchmarks.int8_rows --checkpoint runs/multi30k_de_en --data ../shared/data/multi30k
-    python -m benchmarks.int8_rows --only kernels          # the kernels alone, no checkpoint needed
+    python -m benchmarks.experiments.int8_rows --checkpoint runs/multi30k_de_en --data ../shared/data/multi30k
+    python -m benchmarks.experiments.int8_rows --only kernels          # the kernels alone, no checkpoint needed
 
 1. kernels: one linear layer y = x W^T + b, x (rows, in) with rows 1, 5, 40 and 320 (one sentence greedy, one at
    beam 5, a batch, 64 sentences at beam 5), at every matrix shape of a decoder step of four models (Multi30k's
@@ -46,16 +46,15 @@ import time
 import warnings
 from pathlib import Path
 
-NUM_THREADS = 2
-os.environ.setdefault("OMP_NUM_THREADS", str(NUM_THREADS))
-os.environ.setdefault("MKL_NUM_THREADS", str(NUM_THREADS))
+from benchmarks.harness import NUM_THREADS, Contender, limit_threads, round_robin
+from scripts.common import DEFAULT_DATA, DEFAULT_RUN, RESULTS, ROOT, machine, shown, write_results
+
+limit_threads()  # before torch starts
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-from benchmarks.common import DEFAULT_DATA, RESULTS, ROOT, machine, shown  # noqa: E402
-from benchmarks.speed import Contender, round_robin  # noqa: E402
 from nanomt.core.checkpoint import load_checkpoint  # noqa: E402
 from nanomt.decoding.quantize import Int8Linear, quantize_int8  # noqa: E402
 from nanomt.decoding.translate import Translator  # noqa: E402
@@ -318,7 +317,7 @@ def bench_translate(checkpoint: Path, data: Path, rounds: int, alone: int) -> di
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", choices=("kernels", "translate"), default=None)
-    p.add_argument("--checkpoint", type=Path, default=ROOT / "runs" / "multi30k_de_en")
+    p.add_argument("--checkpoint", type=Path, default=DEFAULT_RUN)
     p.add_argument("--data", type=Path, default=DEFAULT_DATA)
     p.add_argument("--reps", type=int, default=5, help="round-robin rounds a kernel shape (after 1 warm-up)")
     p.add_argument("--rounds", type=int, default=3, help="round-robin rounds of test2016 translation")
@@ -341,9 +340,7 @@ def main() -> None:
         result["translate"]["load_average_before_after"] = [load, os.getloadavg()[0]]
     result["wall_s"] = round(time.perf_counter() - start, 1)
     result["machine"] = machine()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {shown(args.out)}")
+    write_results(args.out, result)
 
 
 if __name__ == "__main__":

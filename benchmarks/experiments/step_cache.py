@@ -1,6 +1,6 @@
 """The Multi30k training step with oneDNN's default kernel cache (1,024) against nanomt's (65,536).
 
-    python -m benchmarks.step_cache --data ../shared/data/multi30k     # -> benchmarks/results/step_cache.json
+    python -m benchmarks.experiments.step_cache --data ../shared/data/multi30k  # -> benchmarks/results/step_cache.json
 
 Each capacity runs the recipe (`configs/multi30k_de_en.yaml`) through `nanomt train` for two epochs with
 evaluation and checkpoints pushed past the end, one after the other on an otherwise idle machine. The batches are
@@ -16,8 +16,8 @@ import os
 import tempfile
 from pathlib import Path
 
-from benchmarks.common import DEFAULT_CONFIG, DEFAULT_DATA, RESULTS, data_overrides, machine, run_training, shown
 from nanomt.training.metrics_log import read_metrics
+from scripts.common import DEFAULT_CONFIG, DEFAULT_DATA, RESULTS, data_overrides, machine, run_training, shown
 
 
 def epoch_times(metrics: Path) -> list[dict]:

@@ -1,6 +1,6 @@
 """The Multi30k training step with the output layer over the whole shared vocabulary and over the target ids only.
 
-    python -m benchmarks.output_vocab --data ../shared/data/multi30k     # -> benchmarks/results/output_vocab.json
+    python -m benchmarks.experiments.output_vocab --data ../shared/data/multi30k  # benchmarks/results/output_vocab.json
 
 The recipe (`configs/multi30k_de_en.yaml`) shares one 8k BPE vocabulary between German and English, and English
 targets use about half of its ids. `model.restrict_output: true` (the recipe's setting) scores only those in
@@ -17,7 +17,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from benchmarks.common import step_timing_args, timed_run, write_step_timings
+from benchmarks.harness import step_timing_args, timed_run, write_step_timings
 
 SETTINGS = {"all_ids": "model.restrict_output=false", "target_ids": "model.restrict_output=true"}
 

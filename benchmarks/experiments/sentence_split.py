@@ -1,6 +1,6 @@
 """Sentence splitters on real news text: boundary precision and recall, speed, languages, import cost, weight.
 
-    python -m benchmarks.sentence_split [--news DIR] [--out FILE]   # benchmarks/results/sentence_split.json
+    python -m benchmarks.experiments.sentence_split [--news DIR] [--out FILE]   # benchmarks/results/sentence_split.json
 
 Paragraphs are made from the WMT news test sets (DIR/*.de and DIR/*.en, one segment a line) by joining 2-6
 consecutive lines with one space, so the true boundaries are the joins. A splitter's boundaries are the start
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import re
 import subprocess
 import sys
@@ -31,13 +30,12 @@ from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 
-from benchmarks.common import ROOT, machine, shown
+from benchmarks.harness import SENTENCE_END, paragraphs
+from scripts.common import DEFAULT_NEWS, RESULTS, ROOT, machine, shown, write_results
 
-DEFAULT_NEWS = ROOT.parent / "shared" / "data" / "news"
-DEFAULT_OUT = ROOT / "benchmarks" / "results" / "sentence_split.json"
+DEFAULT_OUT = RESULTS / "sentence_split.json"
 LANGS = ("de", "en")
 SPEED_PARAGRAPHS = 500  # the first paragraphs of news-test2008, about 2,000 sentences
-SENTENCE_END = re.compile(r"[.!?…][\"'“”„»«’)\]]*$")
 
 Splitter = Callable[[str], list[str]]
 
@@ -81,21 +79,6 @@ CANDIDATES: dict[str, tuple[Callable[[str], Splitter], str, str]] = {
     "blingfire": (_blingfire, "blingfire", "blingfire"),
     "nanomt.documents.sentences": (_nanomt, "", "nanomt.documents.sentences"),
 }
-
-
-def paragraphs(news: Path, lang: str, seed: int = 0) -> list[list[str]]:
-    """Runs of 2-6 consecutive non-empty lines of every DIR/*.lang file, in file order."""
-    rng = random.Random(seed)
-    out = []
-    for path in sorted(news.glob(f"*.{lang}")):
-        lines = [s.strip() for s in path.read_text(encoding="utf-8").splitlines()]
-        lines = [s for s in lines if s]
-        i = 0
-        while i + 2 <= len(lines):
-            k = rng.randint(2, 6)
-            out.append(lines[i : i + k])
-            i += k
-    return out
 
 
 def joins(sentences: list[str]) -> set[int]:
@@ -219,7 +202,7 @@ def probe(name: str) -> dict:
 
 def probe_fresh(name: str) -> dict:
     """`probe` in a new interpreter, so nothing is imported already."""
-    cmd = [sys.executable, "-m", "benchmarks.sentence_split", "--probe", name]
+    cmd = [sys.executable, "-m", "benchmarks.experiments.sentence_split", "--probe", name]
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -268,9 +251,7 @@ def main() -> None:
         "splitters": results,
         "machine": machine(),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2, ensure_ascii=False) + "\n")
-    print(f"wrote {shown(args.out)}")
+    write_results(args.out, out)
 
 
 if __name__ == "__main__":

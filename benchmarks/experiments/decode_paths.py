@@ -1,7 +1,7 @@
 """One decoding code path against the one it replaced, alternated in one process: seconds and translations.
 
-    python -m benchmarks.decode_paths cache_reorder RUN --src ../shared/data/multi30k/test2016.de
-    python -m benchmarks.decode_paths attention_paths RUN --src ../shared/data/multi30k/test2016.de
+    python -m benchmarks.experiments.decode_paths cache_reorder RUN --src ../shared/data/multi30k/test2016.de
+    python -m benchmarks.experiments.decode_paths attention_paths RUN --src ../shared/data/multi30k/test2016.de
 
 cache_reorder: every step of a beam search picks each beam's parent and reorders the decoder's self-attention keys
 and values to match. The buffers grow by doubling, so copying them whole (`buffer.index_select(0, index)`, the path
@@ -29,10 +29,26 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import RESULTS, alternate_paths, machine, shown
 from nanomt.core import model as model_module
 from nanomt.decoding.translate import Translator
 from nanomt.training.data import read_lines
+from scripts.common import RESULTS, machine, shown
+
+
+def alternate_paths(translator, lines: list[str], reps: int, paths: dict) -> tuple[dict, dict]:
+    """Translate `lines` with each code path in turn for `reps` rounds (the order reversed every other round, so that
+    neither always runs first), after a warm-up; `paths` maps a name to the function that switches to it. Returns
+    each path's seconds a round and its last translations."""
+    seconds: dict[str, list[float]] = {name: [] for name in paths}
+    outputs: dict[str, list[str]] = {}
+    translator.translate(lines[:100])  # warm-up: oneDNN's kernels, the allocator
+    for r in range(reps):
+        for name in list(paths) if r % 2 == 0 else list(paths)[::-1]:
+            paths[name]()
+            start = time.perf_counter()
+            outputs[name] = translator.translate(lines)
+            seconds[name].append(round(time.perf_counter() - start, 3))
+    return seconds, outputs
 
 
 def whole_buffer(buffer: torch.Tensor, index: torch.Tensor, filled: int) -> torch.Tensor:
@@ -82,7 +98,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(precision, json.dumps(results[precision]), flush=True)
     report = {
         "measures": f"seconds of Translator.translate over --src at the checkpoint's decoding, {args.change}: the "
-        "path before against the path now, alternated in one process (benchmarks/decode_paths.py)",
+        "path before against the path now, alternated in one process (benchmarks/experiments/decode_paths.py)",
         "run": shown(args.run),
         "src": shown(args.src),
         "sentences": len(lines),

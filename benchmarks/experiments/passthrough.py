@@ -1,6 +1,6 @@
 """Pass-through spans with nanomt's models: placeholders the model should copy, against translating around them.
 
-    python -m benchmarks.passthrough --model toy RUN SRC [--model multi30k RUN SRC ...]
+    python -m benchmarks.experiments.passthrough --model toy RUN SRC [--model multi30k RUN SRC ...]
                                      # benchmarks/results/passthrough.json
 
 For each model, the first --sentences lines of SRC (4 words or more) get one span put between two of their words,
@@ -25,11 +25,11 @@ from pathlib import Path
 
 from sacrebleu.metrics import CHRF
 
-from benchmarks.common import ROOT, machine, shown
 from nanomt import Translator
 from nanomt.documents.segmentation import translate_texts
+from scripts.common import RESULTS, machine, shown, write_results
 
-DEFAULT_OUT = ROOT / "benchmarks" / "results" / "passthrough.json"
+DEFAULT_OUT = RESULTS / "passthrough.json"
 SPANS = {
     "url": ["https://example.com/docs/page-1.html", "www.example.org/news?id=7", "http://a.b-c.de/x_y"],
     "email": ["info@example.org", "max.mustermann@firma.de", "help+desk@mail.example.com"],
@@ -110,9 +110,7 @@ def main() -> None:
         "models": models,
         "machine": machine(),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2, ensure_ascii=False) + "\n")
-    print(f"wrote {shown(args.out)}")
+    write_results(args.out, out)
 
 
 if __name__ == "__main__":
