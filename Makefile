@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 
-.PHONY: test test-fast demo lint format install clean
+.PHONY: test test-fast demo docs lint format install clean
 
 $(BIN)/nanomt: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ test-fast: install
 
 demo: install
 	$(BIN)/nanomt demo
+
+# The docs' tables of decoding settings, from the settings' fields (scripts/docs.py; a test fails while they differ).
+docs: install
+	$(BIN)/python -m scripts.docs
 
 format: install
 	$(BIN)/ruff format nanomt tests benchmarks scripts

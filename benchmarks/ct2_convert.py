@@ -28,7 +28,7 @@ from pathlib import Path
 
 import ctranslate2
 
-from benchmarks.harness import NUM_THREADS, answer_requests, best_by_nanomt_penalty, lines_alone
+from benchmarks.harness import NUM_THREADS, answer_requests, lines_alone
 from nanomt.interop import ct2
 
 COMPUTE_TYPES = {"fp32": "float32", "int8": "int8"}
@@ -51,8 +51,8 @@ def translate_in_batches(t, ids: list[list[int]], batches: list[list[int]], beam
     # sentence's own. The limit acts only at its last step (BeamSearch's is_last_step), so a sentence whose search
     # ends before its own budget gets the same tokens; greedy tokens never depend on it. The harness counts the
     # lines where it did matter (against `batching: "budget"`).
-    alpha, kind = t.decode["length_penalty"], t.decode["length_penalty_kind"]
-    options = {**t.search_options(beam_size, alpha), "max_batch_size": 0}  # 0: the batch as given, not re-cut
+    d = t.decoding.replace(beam_size=beam_size)
+    options = {**t.search_options(d), "max_batch_size": 0}  # 0: the batch as given, not re-cut
     out: list[list[int]] = [[] for _ in ids]
     for batch in batches:
         src = [ids[i][: t.max_src_tokens] for i in batch]
@@ -61,7 +61,7 @@ def translate_in_batches(t, ids: list[list[int]], batches: list[list[int]], beam
         results = t.translator.translate_batch(tokens, max_decoding_length=max(budgets), **options)
         for i, budget, res in zip(batch, budgets, results):
             hyps = [h[:budget] for h in res.hypotheses]
-            best = best_by_nanomt_penalty(hyps, res.scores, budget, alpha, kind) if res.scores else hyps[0]
+            best = t.rescore(hyps, res.scores, budget, d) if res.scores else hyps[0]
             out[i] = [t.tgt_ids[p] for p in best]
     return out
 

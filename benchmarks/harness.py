@@ -14,7 +14,6 @@ import contextlib
 import importlib.metadata
 import importlib.util
 import json
-import math
 import os
 import platform
 import random
@@ -169,19 +168,6 @@ def lines_alone(translate: Callable[[list[str]], list[str]], lines: list[str], i
         texts += translate([lines[i]])
         seconds.append(time.perf_counter() - start)
     return {"seconds": seconds, "translations": texts}
-
-
-def best_by_nanomt_penalty(hyps: list[list[str]], scores: list[float], budget: int, alpha: float, kind: str):
-    """The hypothesis nanomt would pick: its plain log-prob over nanomt's length penalty (EOS counted)."""
-    from nanomt.interop.ct2 import length_penalty  # torch-free, as the CTranslate2 worker must stay
-
-    best, best_score = hyps[0], -math.inf
-    for hyp, log_prob in zip(hyps, scores):
-        length = len(hyp) + 1 if len(hyp) < budget else budget  # `budget` tokens: cut there, without an EOS
-        score = log_prob / length_penalty(length, alpha, kind)
-        if score > best_score:
-            best, best_score = hyp, score
-    return best
 
 
 class EngineProcess:

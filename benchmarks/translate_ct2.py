@@ -28,7 +28,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.harness import best_by_nanomt_penalty
 from nanomt.interop import ct2
 from scripts.common import NANOMT, RESULTS, ROOT, cpu_model, git, shown
 
@@ -53,15 +52,15 @@ def ct2_main(argv: list[str]) -> None:
     budgets = [t.max_len(len(s)) for s in src]
     # One translate_batch call, CTranslate2 batching by tokens as nanomt does (decode.max_tokens): what a user of
     # CTranslate2 writes. One max_decoding_length a call: the longest budget, each output then cut at its own.
-    alpha, kind = t.decode["length_penalty"], t.decode["length_penalty_kind"]
-    options = t.search_options(args.beam, alpha)  # its max_batch_size: decode.max_tokens, batch_type tokens
+    d = t.decoding.replace(beam_size=args.beam)
+    options = t.search_options(d)  # its max_batch_size: decode.max_tokens, batch_type tokens
     options["use_vmap"] = args.use_vmap
     tokens = [[t.src_vocab[x] for x in s] for s in src]
     results = t.translator.translate_batch(tokens, max_decoding_length=max(budgets, default=1), **options)
     out: list[list[int]] = [[] for _ in lines]
     for i, budget, res in zip(keep, budgets, results):
         hyps = [h[:budget] for h in res.hypotheses]
-        best = best_by_nanomt_penalty(hyps, res.scores, budget, alpha, kind) if res.scores else hyps[0]
+        best = t.rescore(hyps, res.scores, budget, d) if res.scores else hyps[0]
         out[i] = [t.tgt_ids[p] for p in best]
     args.output.write_text("".join(x + "\n" for x in t.decode_ids(out)), encoding="utf-8")
     assert "torch" not in sys.modules

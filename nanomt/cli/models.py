@@ -11,9 +11,10 @@ import argparse
 from typing import TYPE_CHECKING
 
 from nanomt.cli import no_collection_while_loading
+from nanomt.core.decoding import Decoding, Sampling
+from nanomt.core.settings import fields_at, reader
 
 if TYPE_CHECKING:
-    from nanomt.core.decoding import Decoding
     from nanomt.decoding.translate import Translator
 
 
@@ -25,42 +26,36 @@ def check_device(device: str) -> None:
 
 
 def sampling_options(args: argparse.Namespace) -> dict | None:
-    """Sampling's settings from --sampling and its options; None for beam search."""
-    options = {
-        "--sampling-topk": ("top_k", args.sampling_topk),
-        "--sampling-topp": ("top_p", args.sampling_topp),
-        "--temperature": ("temperature", args.temperature),
-        "--seed": ("seed", args.seed),
-    }
-    given = [flag for flag, (_, value) in options.items() if value is not None]
+    """Sampling's settings from --sampling and its options (one a Sampling field); None for search."""
+    given = {f.name: getattr(args, f.name) for f in fields_at(Sampling, "flag") if getattr(args, f.name) is not None}
     if not args.sampling:
         if given:
-            raise ValueError(f"{', '.join(given)} only apply with --sampling")
+            flags = [flag_name(f) for f in fields_at(Sampling, "flag") if f.name in given]
+            raise ValueError(f"{', '.join(flags)} only apply with --sampling")
         return None
-    if args.beam is not None or args.n_best > 1:
-        raise ValueError("--beam and --n-best are beam search's; they do not combine with --sampling")
-    return {key: value for key, value in options.values() if value is not None}
+    return given
+
+
+def flag_name(f) -> str:
+    """A setting's flag as the command line spells it."""
+    return f.metadata["flag"] or "--" + f.name.replace("_", "-")
 
 
 def decoding_flags(args: argparse.Namespace) -> dict:
-    """The Decoding fields the flags of a `translate` or `evaluate` command change (None: left as they are); the
-    flags that contradict each other and the glossary file are refused here, before the model is loaded."""
-    from nanomt.decoding.glossary import read_glossary
-
-    n_best = getattr(args, "n_best", 1)
-    return {
-        "beam_size": args.beam,
-        "n_best": n_best if n_best > 1 else None,
-        "length_penalty": args.length_penalty,
-        "min_len": args.min_len,
-        "max_len_a": args.max_len_a,
-        "max_len_b": args.max_len_b,
-        "no_repeat_ngram_size": args.no_repeat_ngram_size,
-        "repetition_penalty": args.repetition_penalty,
-        "sampling": sampling_options(args) if hasattr(args, "sampling") else None,
-        "glossary": read_glossary(args.glossary) if args.glossary else None,
-        "shortlist": args.shortlist,
-    }
+    """The Decoding fields the flags of a `translate` or `evaluate` command change (None: left as they are, the
+    checkpoint's): one a Decoding field the command has a flag for, a file's flag read here (the glossary), before
+    the model is loaded."""
+    changes = {}
+    for f in fields_at(Decoding, "flag"):
+        if not hasattr(args, f.name):  # a flag this command does not take (evaluate: --n-best, --sampling)
+            continue
+        value, read = getattr(args, f.name), reader(f)
+        if f.name == "sampling":
+            value = sampling_options(args)
+        elif read is not None and value is not None:
+            value = read(value)
+        changes[f.name] = value
+    return changes
 
 
 def load_translator(args: argparse.Namespace) -> Translator:
@@ -83,7 +78,6 @@ def checkpoint_decoding(path: str) -> Decoding:
     an ensemble's are its first member's), read from its config.yaml without loading the model. A directory that is
     not a checkpoint gets the defaults: loading it then says what it lacks."""
     from nanomt.core.config import RUN_CONFIG, ConfigError, DecodeConfig, checkpoint_root, load_config
-    from nanomt.core.decoding import Decoding
 
     root = checkpoint_root(path)
     if root is None:

@@ -10,12 +10,13 @@ import argparse
 import dataclasses
 import typing
 
+from nanomt.core.decoding import Decoding, Sampling
+from nanomt.core.settings import default_of, fields_at, reader
+from nanomt.documents import formats
 from nanomt.serve.settings import ServeConfig
 
 BUFFER_SIZE = 10_000  # lines a chunk: the default of `nanomt translate --buffer-size`
-# The formats of `nanomt translate --format`: nanomt.documents.files.FORMATS's values (tests/test_startup.py checks),
-# written here so that parsing imports no document code.
-FILE_FORMATS = ("docx", "html", "markdown", "srt", "text")
+FILE_FORMATS = formats.NAMES  # `nanomt translate --format`: the one table of formats (standard library only)
 
 ENSEMBLE_HELP = (
     "checkpoint directory; several (sharing one tokenizer) decode as an ensemble that averages their next-token "
@@ -61,115 +62,63 @@ def command(parser: argparse.ArgumentParser, handler: str) -> None:
     parser.set_defaults(handler=handler)
 
 
-def add_search_flags(s: argparse.ArgumentParser) -> None:
-    """The flags that change a checkpoint's decoding settings (its decode section) for one command."""
-    s.add_argument("--beam", type=int, default=None, help="beam size (default: the checkpoint's decode.beam_size)")
-    s.add_argument(
-        "--length-penalty", type=float, default=None, help="beam search's length penalty (default: the checkpoint's)"
-    )
-    s.add_argument("--min-len", type=int, default=None, help="no EOS before this many tokens (decode.min_len)")
-    s.add_argument("--max-len-a", type=float, default=None, help="budget: int(a * source tokens + b) (decode)")
-    s.add_argument("--max-len-b", type=int, default=None, help="budget: int(a * source tokens + b) (decode)")
-    s.add_argument(
-        "--no-repeat-ngram-size", type=int, default=None, metavar="N", help="no N-gram twice in a translation (0: off)"
-    )
-    s.add_argument(
-        "--repetition-penalty",
-        type=float,
-        default=None,
-        metavar="P",
-        help="divide the scores of tokens already written by P (> 1 discourages repeats; 1: off)",
-    )
-    s.add_argument(
-        "--glossary",
-        metavar="FILE",
-        help="'source term<TAB>target term' lines: a term found in a sentence puts its target term in the translation",
-    )
-    s.add_argument(
-        "--shortlist",
-        action="store_true",
-        default=None,
-        help="decode each batch over the checkpoint's vocabulary shortlist (nanomt shortlist builds it): faster, at "
-        "a small BLEU cost",
-    )
-    s.add_argument("--max-tokens", type=int, default=None, help="source tokens per batch")
+def add_decoding_flags(s: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
+    """The flags that change a checkpoint's decoding settings for one command: one a Decoding field (and --sampling's
+    options, one a Sampling field) that the flag door takes, unless skipped; not given, the checkpoint's."""
+    for names, kwargs in setting_flags(Decoding, given_only=True, skip=skip):
+        s.add_argument(*names, **kwargs)
+    if "sampling" not in skip:
+        for names, kwargs in setting_flags(Sampling, given_only=True):
+            s.add_argument(*names, **{**kwargs, "help": f"with --sampling: {kwargs['help']}"})
+    s.add_argument("--max-tokens", type=int, default=None, help="source tokens per batch (default: decode.max_tokens)")
 
 
-def add_sampling_flags(s: argparse.ArgumentParser) -> None:
-    """--sampling and its options (`nanomt translate`)."""
-    s.add_argument(
-        "--sampling",
-        action="store_true",
-        help="sample each translation from the model's distribution instead of beam search (as fairseq's --sampling)",
-    )
-    s.add_argument(
-        "--sampling-topk",
-        type=int,
-        default=None,
-        metavar="K",
-        help="with --sampling: draw from the K likeliest tokens only (default 0: all)",
-    )
-    s.add_argument(
-        "--sampling-topp",
-        type=float,
-        default=None,
-        metavar="P",
-        help="with --sampling: nucleus sampling, from the likeliest tokens that hold probability P (default 1.0: all)",
-    )
-    s.add_argument(
-        "--temperature",
-        type=float,
-        default=None,
-        metavar="T",
-        help="with --sampling: divide the logits by T; below 1 is closer to greedy, above 1 more varied (default 1.0)",
-    )
-    s.add_argument(
-        "--seed",
-        type=int,
-        default=None,
-        help="with --sampling: random seed, for samples a rerun repeats (default: different each run)",
-    )
-
-
-def setting_flags(settings: type) -> list[tuple[list[str], dict]]:
+def setting_flags(settings: type, given_only: bool = False, skip: tuple[str, ...] = ()) -> list[tuple[list[str], dict]]:
     """The arguments (names, add_argument's keywords) of a settings dataclass's fields made with
-    nanomt.serve.settings.setting, in field order; a field without that metadata has none."""
+    nanomt.core.settings.setting that the flag door takes, in field order; a field without that metadata has none.
+    `given_only`: a flag left out is None (the value comes from elsewhere: a checkpoint's decode section)."""
     hints = typing.get_type_hints(settings)
     flags = []
-    for f in dataclasses.fields(settings):
-        meta = f.metadata
-        if "help" not in meta:
+    for f in fields_at(settings, "flag"):
+        if f.name in skip:
             continue
-        kwargs = {"help": meta["help"]}
+        meta = f.metadata
+        kwargs = {"help": flag_help(f) if given_only else meta["help"]}
         if meta.get("metavar"):
             kwargs["metavar"] = meta["metavar"]
         if meta.get("flag") == "":  # the positional argument: one or more values
             flags.append(([f.name], {**kwargs, "nargs": "+"}))
             continue
         flag = meta.get("flag") or "--" + f.name.replace("_", "-")
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        default = default_of(f)
         kwargs["dest"] = f.name
-        if hints[f.name] is bool:
-            kwargs["action"] = "store_false" if default else "store_true"
-            flags.append(([flag], kwargs))
+        kind = hints[f.name]
+        if kind is bool or f.name == "sampling":  # a switch (--sampling: its options are Sampling's flags)
+            kwargs["action"] = "store_false" if default is True else "store_true"
+            flags.append(([flag], {**kwargs, "default": None} if given_only else kwargs))
             continue
         kwargs.setdefault("metavar", flag[2:].replace("-", "_").upper())  # --beam BEAM, not DEFAULT_BEAM
         if meta.get("read") is not None:
             kwargs["default"] = None  # not given: the field's default, unread
         else:
-            kinds = [t for t in typing.get_args(hints[f.name]) if t is not type(None)] or [hints[f.name]]
-            kwargs.update(type=kinds[0], default=default)
+            kinds = [t for t in typing.get_args(kind) if t is not type(None)] or [kind]
+            kwargs.update(type=kinds[0], default=None if given_only else default)
         flags.append(([flag], kwargs))
     return flags
+
+
+def flag_help(f: dataclasses.Field) -> str:
+    """A decoding flag's help: its setting's, and where its value comes from when the flag is left out."""
+    if "config" not in f.metadata["absent"]:
+        return f"{f.metadata['help']} (default: the checkpoint's decode.{f.name})"
+    return f.metadata["help"]
 
 
 def settings_from_args(settings: type, args: argparse.Namespace):
     """An instance of a settings dataclass from the arguments `setting_flags` made (the others at their defaults)."""
     values = {}
-    for f in dataclasses.fields(settings):
-        if "help" not in f.metadata:
-            continue
-        value, read = getattr(args, f.name), f.metadata.get("read")
+    for f in fields_at(settings, "flag"):
+        value, read = getattr(args, f.name), reader(f)
         if read is not None:
             if value is None:
                 continue
@@ -218,15 +167,13 @@ def add_translate(sub) -> None:
         metavar="N",
         help=f"lines read, sorted and translated at a time: memory holds one chunk (default {BUFFER_SIZE:,})",
     )
-    s.add_argument("--n-best", type=int, default=1, help="print the K best: 'index<TAB>score<TAB>text' lines")
     s.add_argument("--confidence", action="store_true", help=CONFIDENCE_HELP)
-    add_search_flags(s)
+    add_decoding_flags(s)
     s.add_argument(
         "--prefix-file",
         metavar="FILE",
         help="one target prefix a line of the input: each translation starts with its line, the model goes on",
     )
-    add_sampling_flags(s)
     s.add_argument("--device", default="cpu", help=DEVICE_HELP)
     s.add_argument("--int8", action="store_true", help=INT8_HELP)
     command(s, "translate:translate")
@@ -238,7 +185,7 @@ def add_evaluate(sub) -> None:
     s.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT", help=ENSEMBLE_HELP)
     s.add_argument("--src", required=True, help="source sentences, one a line")
     s.add_argument("--ref", required=True, help="reference translations, line-aligned with --src")
-    add_search_flags(s)
+    add_decoding_flags(s, skip=("n_best", "sampling"))  # a score is of each sentence's one best translation
     s.add_argument("--save-hyp", help="write the translations to this file")
     s.add_argument(
         "--confidence",

@@ -41,11 +41,12 @@ def check_modes(args: argparse.Namespace) -> None:
     if args.buffer_size < 1:
         raise ValueError(f"--buffer-size must be >= 1, got {args.buffer_size}")
     whole = "--format" if args.format else "--split" if args.split else None
-    if whole and args.n_best > 1:
+    n_best = args.n_best or 1
+    if whole and n_best > 1:
         raise ValueError(f"--n-best lists one sentence's hypotheses; it does not combine with {whole}")
     if whole and args.prefix_file:
         raise ValueError(f"--prefix-file forces one sentence's start; it does not combine with {whole}")
-    if args.confidence and (args.n_best > 1 or args.format):
+    if args.confidence and (n_best > 1 or args.format):
         raise ValueError(f"--confidence gives one line a translation; it does not combine with "
                          f"{'--format' if args.format else '--n-best'}")  # fmt: skip
     if args.format and args.split:
@@ -148,7 +149,7 @@ def write_chunk(
         _, n_best, source = dt.for_translator(translator, decoding, max_tokens)
         for t in dt.paragraphs(lines, n_best, source, split=True):
             out.write(t.text + "\n")
-    elif args.n_best > 1:
+    elif decoding.n_best > 1:
         # K lines per input sentence: index, score, translation (tab-separated), best first.
         hyps = translator.translate_n_best(lines, decoding=decoding, max_tokens=max_tokens, prefixes=prefixes)
         for i, sentence in enumerate(hyps, first):

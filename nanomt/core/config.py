@@ -12,9 +12,8 @@ from typing import Any, Literal, NamedTuple
 
 import yaml
 
-from nanomt.core.decoding import LENGTH_PENALTIES, Decoding
-
-_DECODING = Decoding()  # the one place decoding defaults are written
+from nanomt.core.decoding import MAX_TOKENS, Decoding
+from nanomt.core.settings import check_bounds, fields_at, setting
 
 ACTIVATIONS = ("relu", "gelu", "swish")
 POSITIONALS = ("sinusoidal", "learned")
@@ -278,25 +277,29 @@ class TrainConfig:
             )
 
 
-@dataclass(frozen=True)
-class DecodeConfig:
-    """Decoding defaults stored with a checkpoint: a Decoding's settings (nanomt/core/decoding.py says what each does,
-    and its defaults are these), and the batch size of translation."""
-
-    beam_size: int = _DECODING.beam_size
-    length_penalty: float = _DECODING.length_penalty
-    length_penalty_kind: Literal[LENGTH_PENALTIES] = _DECODING.length_penalty_kind
-    max_len_a: float = _DECODING.max_len_a
-    max_len_b: int = _DECODING.max_len_b
-    min_len: int = _DECODING.min_len
-    max_tokens: int = 4096
-    early_stopping: bool = _DECODING.early_stopping
-    no_repeat_ngram_size: int = _DECODING.no_repeat_ngram_size  # repetition guards: off by default
-    repetition_penalty: float = _DECODING.repetition_penalty
-    shortlist: bool = _DECODING.shortlist  # the checkpoint's shortlist.json (nanomt shortlist builds it)
+def decode_config(decoding: type[Decoding] = Decoding) -> type:
+    """The decode section's dataclass: the Decoding settings a checkpoint keeps (its fields that a config takes, with
+    their defaults and metadata), and the batch size of translation. Generated, so that a new Decoding setting is a
+    config key without a line here."""
+    hints = typing.get_type_hints(decoding)
+    fields = []
+    for f in fields_at(decoding, "config"):
+        choices = f.metadata["choices"]
+        tp = Literal[tuple(choices)] if choices else hints[f.name]  # the YAML check reads the choices from the type
+        fields.append((f.name, tp, dataclasses.field(default=f.default, metadata=f.metadata)))
+    batch = setting(MAX_TOKENS, help="source tokens per decoding batch", ge=1)
+    fields.append(("max_tokens", int, batch))
 
     def __post_init__(self):
-        Decoding.from_config(self)  # the rules of a Decoding, checked where the config is read
+        check_bounds(self)
+        decoding.from_config(self)  # the rules of a Decoding, checked where the config is read
+
+    doc = "Decoding defaults stored with a checkpoint: a Decoding's settings (core/decoding.py), and the batch size."
+    namespace = {"__post_init__": __post_init__, "__doc__": doc, "__module__": __name__}
+    return dataclasses.make_dataclass("DecodeConfig", fields, frozen=True, namespace=namespace)
+
+
+DecodeConfig = decode_config()
 
 
 @dataclass(frozen=True)

@@ -150,19 +150,9 @@ def budgets(model: Transformer, src: Tensor, decoding: Decoding) -> Tensor:
     return torch.tensor([decoding.max_len(n, model.cfg.max_positions) for n in src_lens], device=src.device)
 
 
-def length_penalty(length: int, decoding: Decoding) -> float:
-    """What a hypothesis' log-prob is divided by; `length` counts generated tokens including EOS."""
-    alpha, kind = decoding.length_penalty, decoding.length_penalty_kind
-    if kind == "gnmt":  # Wu et al. (2016), eq. 14
-        return ((5 + length) / 6) ** alpha
-    if kind == "average":
-        return length**alpha
-    return 1.0
-
-
 def score(log_prob: float, length: int, decoding: Decoding) -> float:
     """A finished hypothesis' score: its log-prob over the length penalty."""
-    return log_prob / length_penalty(length, decoding)
+    return log_prob / decoding.penalty(length)
 
 
 def bound(decoding: Decoding, step: int) -> Callable[[float], float] | None:

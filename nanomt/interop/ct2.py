@@ -11,22 +11,25 @@ What CTranslate2 expresses, and how nanomt's options map onto it:
   exported), shared embeddings and tied output (copies), layer_norm_eps, the output bias, bos_id/eos_id
   (the decoder's start and end tokens), Marian's id tables (the vocabulary lists follow the ids).
 - restrict_output: an output bias of -inf on the ids the model does not score, as nanomt's logits have it.
-- Decoding (`Ct2Translator`): max_len_a/b per sentence (sentences grouped by their budget, CTranslate2's
-  max_decoding_length counts the same generated tokens, EOS included), min_len.
+- Decoding (`Ct2Translator`): a setting whose field in nanomt.core.decoding names a CTranslate2 option (its `ct2`)
+  is passed as it is: min_len (min_decoding_length), no_repeat_ngram_size, repetition_penalty, shortlist (use_vmap:
+  the export writes the checkpoint's shortlist as CTranslate2's vocabulary map); one CTranslate2 lacks (its field
+  says why) is refused unless it is at its default. max_len_a/b per sentence (sentences grouped by their budget,
+  CTranslate2's max_decoding_length counts the same generated tokens, EOS included).
   Beam search: CTranslate2 scores log_prob / n^alpha with n the tokens before EOS; nanomt's "gnmt" and
   "average" count EOS in the length, so CTranslate2 searches with a length penalty too small to change a
   float32 score (it still stops once beam_size hypotheses are finished, fairseq's rule, as nanomt with
   early_stopping) and the beam_size hypotheses it returns are rescored by nanomt's formula. "none" (or
   alpha 0) needs no rescoring. early_stopping: false with a length penalty (Hugging Face's rule) has no
   CTranslate2 counterpart and is refused.
-  A forced prefix is CTranslate2's target_prefix. no_repeat_ngram_size and repetition_penalty are passed:
-  CTranslate2 applies them to the logits, nanomt (as transformers) to the scores the search ranks, the logits in
-  greedy decoding and the log-probs in beam search, so greedy agrees and beam search may not. A glossary
-  (lexically constrained search) has no CTranslate2 counterpart and is refused.
+  A forced prefix is CTranslate2's target_prefix. CTranslate2 applies the repetition guards to the logits, nanomt
+  (as transformers) to the scores the search ranks, the logits in greedy decoding and the log-probs in beam search,
+  so greedy agrees and beam search may not. A glossary (lexically constrained search) and sampling are refused.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
@@ -38,7 +41,7 @@ import sentencepiece as spm
 import yaml
 from safetensors.numpy import load_file
 
-from nanomt.core.decoding import Decoding
+from nanomt.core.decoding import MAX_TOKENS, Decoding
 
 CONFIG, TOKENIZER, WEIGHTS = "config.yaml", "tokenizer", "model.safetensors"
 # The run's config.yaml, kept next to CTranslate2's files: the decoding settings and special ids travel with it.
@@ -47,8 +50,6 @@ INSTALL_HINT = "pip install 'nanomt[export]'"
 # Small enough that x / n**TINY_PENALTY == x in float32 for any length n < 10**6, and not 0: CTranslate2
 # stops early on a zero penalty (once its best beam ends), on a nonzero one after beam_size hypotheses.
 TINY_PENALTY = 1e-9
-# nanomt.core.config.DecodeConfig's batch size, for a config.yaml that leaves it out (Decoding has the other defaults).
-MAX_TOKENS = 4096
 MODEL_DEFAULTS = {
     "norm_first": True,
     "activation": "relu",
@@ -286,15 +287,6 @@ def write_vmap(run: Path, tokenizer_dir: Path, out: Path, src_vocab: list[str], 
 # ---------------------------------------------------------------------------------------------------------
 
 
-def length_penalty(length: int, alpha: float, kind: str) -> float:
-    """nanomt.decoding.search's: what a hypothesis' log-prob is divided by; `length` counts EOS."""
-    if kind == "gnmt":
-        return ((5 + length) / 6) ** alpha
-    if kind == "average":
-        return length**alpha
-    return 1.0
-
-
 class Ct2Translator:
     """A CTranslate2 export (`export_ct2`) decoded with nanomt's rules: its translations are nanomt's."""
 
@@ -322,27 +314,25 @@ class Ct2Translator:
         """nanomt.Translator's generation budget (tokens, EOS included) for a source of src_len tokens."""
         return self.decoding.max_len(src_len, self.model["max_positions"])
 
-    def search_options(self, beam_size: int, alpha: float) -> dict:
-        """translate_batch's options for nanomt's beam size and length penalty (see the module docstring)."""
-        d = self.decoding
-        if d.glossary:
-            raise Ct2ExportError("a glossary needs lexically constrained search, which CTranslate2 does not have")
-        # No suppress_sequences for PAD and BOS, which nanomt never generates: CTranslate2 would renormalize the
-        # log-probs over the other tokens (nanomt masks them after log_softmax), and a trained model does not
-        # rank them among the best anyway.
-        options = {"beam_size": beam_size, "min_decoding_length": d.min_len, "max_input_length": 0}
+    def search_options(self, d: Decoding) -> dict:
+        """translate_batch's options for nanomt's decoding `d` (see the module docstring): each setting with a
+        CTranslate2 option of its own passed as it is, the search's own mapped here, the others refused."""
+        options = {"beam_size": d.beam_size, "max_input_length": 0}
         options.update(max_batch_size=self.decode["max_tokens"], batch_type="tokens")
-        options.update(no_repeat_ngram_size=d.no_repeat_ngram_size, repetition_penalty=d.repetition_penalty)
-        if beam_size == 1:
-            return {**options, "length_penalty": 0.0}
-        if d.length_penalty_kind == "none" or alpha == 0:
+        for f in dataclasses.fields(d):
+            option, value = f.metadata["ct2"], getattr(d, f.name)
+            if option is None and value != f.default:
+                raise Ct2ExportError(f"{f.name}: {f.metadata['absent']['ct2']}")
+            if option not in (None, "nanomt"):
+                options[option] = value
+        if d.beam_size == 1 or d.length_penalty_kind == "none" or d.length_penalty == 0:
             return {**options, "length_penalty": 0.0}
         if not d.early_stopping:
             raise Ct2ExportError(
                 "decode.early_stopping: false with a length penalty (Hugging Face's stopping rule) has no "
                 "CTranslate2 counterpart; use early_stopping: true or length_penalty_kind: none"
             )
-        return {**options, "length_penalty": TINY_PENALTY, "num_hypotheses": beam_size, "return_scores": True}
+        return {**options, "length_penalty": TINY_PENALTY, "num_hypotheses": d.beam_size, "return_scores": True}
 
     def translate_ids(
         self,
@@ -351,17 +341,16 @@ class Ct2Translator:
         length_penalty: float | None = None,
         prefixes: list[list[int]] | None = None,
     ) -> list[list[int]]:
-        """Source ids (no EOS) -> target ids (no BOS/EOS), as nanomt's Translator decodes them; each translation
-        starts with its prefix ids, where given (CTranslate2's target_prefix)."""
-        beam_size = self.decode["beam_size"] if beam_size is None else beam_size
-        alpha = self.decode["length_penalty"] if length_penalty is None else length_penalty
-        kind = self.decode["length_penalty_kind"]
-        options = self.search_options(beam_size, alpha)
+        """Source ids (no EOS) -> target ids (no BOS/EOS), as nanomt's Translator decodes them with the export's
+        decoding (its beam size and length penalty changed where given); each translation starts with its prefix
+        ids, where given (CTranslate2's target_prefix)."""
+        d = self.decoding.replace(beam_size=beam_size, length_penalty=length_penalty)
+        options = self.search_options(d)
         src = [s[: self.max_src_tokens] for s in src]
         todo = [i for i, s in enumerate(src) if s]  # empty lines translate to empty lines
         budgets = {i: self.max_len(len(src[i])) for i in todo}
         results: list[list[int]] = [[] for _ in src]
-        if beam_size == 1:
+        if d.beam_size == 1:
             # Greedy tokens do not depend on the budget: one call with the largest, each output cut to its own.
             groups = {max(budgets.values(), default=1): todo}
         else:  # CTranslate2 takes one max_decoding_length a call, and beam search depends on it
@@ -376,18 +365,19 @@ class Ct2Translator:
             for i, out in zip(idx, outs):
                 best = out.hypotheses[0][: budgets[i]]
                 if options.get("return_scores"):
-                    best = self._rescore(out.hypotheses, out.scores, max_len, alpha, kind)
+                    best = self.rescore(out.hypotheses, out.scores, max_len, d)
                 results[i] = [self.tgt_ids[p] for p in best]
         return results
 
     @staticmethod
-    def _rescore(hypotheses: list[list[str]], scores: list[float], max_len: int, alpha: float, kind: str):
-        """The best hypothesis by nanomt's length penalty (scores are the plain log-probs here)."""
+    def rescore(hypotheses: list[list[str]], scores: list[float], max_len: int, d: Decoding) -> list[str]:
+        """The best hypothesis by nanomt's length penalty (scores are the plain log-probs here): the one nanomt would
+        pick; a hypothesis of `max_len` tokens was cut there, without an EOS."""
         best, best_score = hypotheses[0], -math.inf
         for hyp, log_prob in zip(hypotheses, scores):
             # Fewer than max_len tokens: it ended with EOS, which nanomt counts; max_len: cut without one.
             length = len(hyp) + 1 if len(hyp) < max_len else max_len
-            score = log_prob / length_penalty(length, alpha, kind)
+            score = log_prob / d.penalty(length)
             if score > best_score:
                 best, best_score = hyp, score
         return best

@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from nanomt.core.checkpoint import checkpoint_weights
-from nanomt.core.decoding import Decoding
+from nanomt.core.decoding import MAX_REQUEST_BEAM, Decoding
 from nanomt.decoding import calibration
 from nanomt.decoding.translate import Translator
 from nanomt.documents import markup
@@ -32,7 +32,7 @@ from nanomt.serve.errors import add_error_handlers, error, errors
 from nanomt.serve.jobs import WORK, JobKey, Kind
 from nanomt.serve.metrics import ServerMetrics, add_observer
 from nanomt.serve.models import Model, ModelSet
-from nanomt.serve.settings import MAX_BEAM, ServeConfig
+from nanomt.serve.settings import ServeConfig
 from nanomt.serve.store import Layout, MemoryStore, Store, open_store
 from nanomt.serve.workers import Busy, Expired, Pool, Pools
 
@@ -287,7 +287,11 @@ def _add_probes(app: FastAPI, server: Server) -> None:
             "model": _model_info(first),
             "models": [{"pair": m.name, **_model_info(m)} for m in server.models.models],  # no paths: anyone reads it
             "default_beam": server.beam(first),
-            "limits": {"max_sentences": config.max_sentences, "max_chars": config.max_chars, "max_beam": MAX_BEAM},
+            "limits": {
+                "max_sentences": config.max_sentences,
+                "max_chars": config.max_chars,
+                "max_beam": MAX_REQUEST_BEAM,
+            },
             "languages": {"source": first.source, "target": first.target},
             "api_key_required": server.key_required,
             "store": {"url": server.store.url, "reachable": not server.store.down},

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from typing import Annotated
+import typing
+from typing import Annotated, Literal
 
 from pydantic import (
     BaseModel,
@@ -13,14 +15,15 @@ from pydantic import (
     StrictStr,
     confloat,
     conint,
+    create_model,
     field_validator,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
 
-from nanomt.core.decoding import Decoding
+from nanomt.core.decoding import RULES, Decoding, DecodingError, Sampling
+from nanomt.core.settings import fields_at
 from nanomt.decoding.glossary import checked
-from nanomt.serve.settings import MAX_BEAM
 
 
 def _integral(value):
@@ -46,10 +49,8 @@ def json_float(**bounds):
 
 
 JsonInt = json_int()
-BeamSize = json_int(ge=1, le=MAX_BEAM)
 SURROGATE = re.compile("[\ud800-\udfff]")
-SAMPLING = ("temperature", "top_k", "top_p")
-MIN_FACTOR, MAX_FACTOR = 1e-3, 1e3  # the range of a temperature or a repetition penalty
+SEED = "seed"  # a Sampling option of the draw: alone it does not switch sampling on
 
 
 def _no_lone_surrogate(text):
@@ -70,72 +71,107 @@ Text = Annotated[StrictStr, BeforeValidator(_no_lone_surrogate)]
 
 
 # Rules across fields that the JSON schema does not express; a request that breaks one is a 422 of this type, and
-# the schema's description of the request lists them (tests/test_schema.py accepts these refusals, no others).
+# the schema's description of the request lists them (tests/serve/test_schema.py accepts these refusals, no others).
+# A Decoding's own rules come from it (nanomt.core.decoding.RULES); these are the request's.
 CROSS_FIELD_RULES = {
     "seed_without_sampling": "seed only with temperature, top_k or top_p",
-    "beam_with_sampling": "beam_size 1 (or none) with sampling",
+    **RULES,
     "prefix_with_split": "no prefix with split",
     "prefix_count": "one prefix per text",
 }
+# A request field of a setting that is no number, bool or choice: its JSON shape, and the value it gives.
+GLOSSARY = list[tuple[Text, Text]] | dict[Text, Text]
+SHAPES = {
+    tuple[tuple[str, str], ...]: (GLOSSARY, lambda v: checked(list(v.items() if isinstance(v, dict) else v))),
+}
 
 
-class DecodingRequest(BaseModel):
-    """The decoding settings a request may change (any sampling setting samples instead); the server's otherwise."""
+def request_type(f: dataclasses.Field, hint) -> object:
+    """The JSON type of a setting's request field: its bounds (a request's `cap` where tighter) inside the type,
+    where the OpenAPI schema gets them as minimum and maximum."""
+    meta = f.metadata
+    if hint in SHAPES:
+        return SHAPES[hint][0]
+    if meta["choices"]:
+        return Literal[tuple(meta["choices"])]
+    if hint is bool:
+        return StrictBool
+    low = {k: v for k, v in meta["bounds"].items() if k in ("ge", "gt")}
+    high = {k: v for k, v in meta["bounds"].items() if k in ("le", "lt")}
+    cap = meta["cap"]
+    low = {k: v for k, v in cap.items() if k in ("ge", "gt")} or low
+    high = {k: v for k, v in cap.items() if k in ("le", "lt")} or high
+    kind = next(t for t in typing.get_args(hint) or (hint,) if t is not type(None))
+    return (json_int if kind is int else json_float)(**low, **high)
+
+
+def request_fields(cls: type) -> dict:
+    """create_model's fields for the settings of `cls` (Decoding, Sampling) that a request takes: each optional,
+    described by its help (None: the server's)."""
+    hints = typing.get_type_hints(cls)
+    fields = {}
+    for f in fields_at(cls, "request"):
+        default = "" if cls is Sampling else " (default: the server's)"
+        fields[f.name] = (
+            request_type(f, hints[f.name]) | None,
+            Field(default=None, description=f.metadata["help"] + default),
+        )
+    return fields
+
+
+class DecodingSettings(BaseModel):
+    """The decoding settings a request may change (any sampling setting but the seed samples); the server's
+    otherwise. Its fields are Decoding's and Sampling's that a request takes (DecodingRequest)."""
 
     model_config = {"json_schema_extra": {"x-rules": list(CROSS_FIELD_RULES.values())}}
 
-    beam_size: BeamSize | None = Field(default=None, description="default: the server's")
-    # Bounded where float32 logits stay finite once divided (a temperature of 1e-40 made them inf: a 500).
-    temperature: json_float(ge=MIN_FACTOR, le=MAX_FACTOR) | None = Field(
-        default=None, description="sample at this temperature (default 1 when sampling)"
-    )
-    top_k: json_int(ge=0) | None = Field(default=None, description="sample from the k likeliest tokens (0: all)")
-    top_p: json_float(gt=0, le=1) | None = Field(default=None, description="nucleus sampling (1: off)")
-    seed: json_int(ge=0, lt=2**64) | None = Field(
-        default=None, description="makes sampling reproducible (default: a fresh draw)"
-    )
-    glossary: list[tuple[Text, Text]] | dict[Text, Text] | None = Field(
-        default=None, description="[source term, target term] pairs (or an object): terms the translations use"
-    )
-    no_repeat_ngram_size: json_int(ge=0) | None = Field(default=None, description="no n-gram twice (0: off)")
-    repetition_penalty: json_float(ge=MIN_FACTOR, le=MAX_FACTOR) | None = Field(
-        default=None, description="> 1 discourages repeated tokens (1: off)"
-    )
-    shortlist: StrictBool | None = Field(
-        default=None, description="decode over the model's vocabulary shortlist (faster; the model needs one)"
-    )
-
     @model_validator(mode="after")
-    def _sampling_or_beam(self):
-        if not self.sampling():
-            if self.seed is not None:
-                raise PydanticCustomError(
-                    "seed_without_sampling", "seed applies to sampling: set temperature, top_k or top_p too"
-                )
-        elif self.beam_size not in (None, 1):
+    def _rules(self):
+        if self.sampling() is None and getattr(self, SEED) is not None:
             raise PydanticCustomError(
-                "beam_with_sampling", "beam_size: sampling draws one translation, so beam_size must be 1 or left out"
+                "seed_without_sampling", "seed applies to sampling: set temperature, top_k or top_p too"
             )
+        try:
+            Decoding().replace(**self.changes(converted=False))
+        except DecodingError as e:
+            raise PydanticCustomError(e.rule, str(e)) from None
         return self
+
+    def changes(self, converted: bool = True) -> dict:
+        """The Decoding settings the request gives (None: the server's); a shaped one's value made, and checked,
+        where `converted` (a glossary's terms)."""
+        hints = typing.get_type_hints(Decoding)
+        changes = {"sampling": self.sampling()}
+        for f in fields_at(Decoding, "request"):
+            value = getattr(self, f.name)
+            if value is not None and hints[f.name] in SHAPES:
+                value = (
+                    SHAPES[hints[f.name]][1](value)
+                    if converted
+                    else tuple(value.items() if isinstance(value, dict) else value)
+                )
+            changes[f.name] = value
+        return changes
 
     def decoding(self, defaults: Decoding) -> Decoding:
         """The request's settings over the server's: built and checked here, where the request enters."""
-        pairs = self.glossary.items() if isinstance(self.glossary, dict) else self.glossary
-        return defaults.replace(
-            beam_size=self.beam_size,
-            sampling=self.sampling(),
-            no_repeat_ngram_size=self.no_repeat_ngram_size,
-            repetition_penalty=self.repetition_penalty,
-            glossary=None if pairs is None else checked(list(pairs), "glossary"),
-            shortlist=self.shortlist,
-        )
+        return defaults.replace(**self.changes())
 
     def sampling(self) -> dict | None:
         """The request's nanomt.core.decoding.Sampling fields, or None to search (greedy or beam)."""
-        if all(getattr(self, k) is None for k in SAMPLING):
-            return None
-        settings = {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "seed": self.seed}
-        return {k: v for k, v in settings.items() if v is not None}
+        given = {f.name: getattr(self, f.name) for f in fields_at(Sampling, "request")}
+        given = {k: v for k, v in given.items() if v is not None}
+        return given if set(given) - {SEED} else None
+
+
+DecodingRequest = create_model(
+    "DecodingRequest",
+    __base__=DecodingSettings,
+    __doc__=DecodingSettings.__doc__,
+    __module__=__name__,
+    **request_fields(Decoding),
+    **request_fields(Sampling),
+)
 
 
 def one_or_a_list(schema: dict) -> None:

@@ -8,13 +8,14 @@ from __future__ import annotations
 import ipaddress
 import math
 import re
-from dataclasses import MISSING, dataclass, field
+from dataclasses import dataclass
 
+from nanomt.core.decoding import MAX_REQUEST_BEAM
 from nanomt.core.languages import PAIR_CODE
+from nanomt.core.settings import setting
 from nanomt.documents.limits import MAX_FILE_BYTES
 from nanomt.serve.store.layout import Layout
 
-MAX_BEAM = 16
 BODY_SLACK = 65_536  # bytes of JSON syntax and escapes, or of a form's headers and fields, beyond the content
 # Each language pair is served by one run: "runs/de_en", or "de-en=runs/de_en" to name its pair.
 PAIR_SPEC = re.compile(rf"^(?P<source>{PAIR_CODE})-(?P<target>{PAIR_CODE})=(?P<path>.+)$")
@@ -59,20 +60,12 @@ def proxy_networks(text: str | None) -> tuple:
     return tuple(out)
 
 
-def setting(default=MISSING, *, help: str, flag: str | None = None, metavar: str | None = None, read=None, **kw):
-    """A ServeConfig field that `nanomt serve` takes: its flag is --NAME (or `flag`; "" for the positional
-    argument), its type the field's, its default the field's (%(default)s in `help` shows it). A bool flag flips
-    the default (store_true for False, store_false for True, so name it for what it does). `read` turns the given
-    string (or the positional's list) into the value, and a flag with `read` is left out when not given."""
-    metadata = {"help": help, "flag": flag, "metavar": metavar, "read": read}
-    return field(default=default, metadata=metadata, **kw)
-
-
 @dataclass(frozen=True)
 class ServeConfig:
     """How `nanomt serve` serves its models: limits, batching, keys, decoding defaults, where it listens.
 
-    A field made with `setting` is a flag of `nanomt serve` (nanomt/cli/parser.py writes them from these fields);
+    A field made with `setting` (nanomt.core.settings) is a flag of `nanomt serve` (nanomt/cli/parser.py writes them
+    from these fields);
     the others are set only through the Python API (create_app).
     """
 
@@ -216,8 +209,8 @@ class ServeConfig:
     )
 
     def __post_init__(self):
-        if self.default_beam is not None and not 1 <= self.default_beam <= MAX_BEAM:
-            raise ValueError(f"beam size must be in 1..{MAX_BEAM}, got {self.default_beam}")
+        if self.default_beam is not None and not 1 <= self.default_beam <= MAX_REQUEST_BEAM:
+            raise ValueError(f"beam size must be in 1..{MAX_REQUEST_BEAM}, got {self.default_beam}")
         if self.timeout is not None and not (self.timeout > 0 and math.isfinite(self.timeout)):
             raise ValueError(f"timeout must be > 0 seconds, got {self.timeout}")
         positive = ("max_batch_tokens", "queue_size", "max_sentences", "max_chars", "req_limit", "char_limit")
