@@ -14,7 +14,9 @@ from nanomt.core.config import Config
 from nanomt.core.decoding import Decoding
 from nanomt.core.languages import PLACEHOLDERS, language_pair
 from nanomt.core.tokenizer import Tokenizer
-from nanomt.decoding.translate import Confident, Translator, src_limit
+from nanomt.decoding.confident import Confident
+from nanomt.decoding.rows import src_limit
+from nanomt.decoding.translate import Translator
 from nanomt.documents import files, markup
 from nanomt.documents.segmentation import (
     NBestTranslate,

@@ -10,7 +10,7 @@ from fastapi import FastAPI, HTTPException, Request
 
 from nanomt.core.decoding import Decoding
 from nanomt.decoding.glossary import has_terms
-from nanomt.decoding.translate import prepare, src_limit
+from nanomt.decoding.rows import prepare, src_limit
 from nanomt.serve import confidence, libretranslate
 from nanomt.serve.documents import Route
 from nanomt.serve.errors import ERRORS, NOT_JSON, FormFields, check_size, read_body, validate

@@ -1,4 +1,4 @@
-"""Confidence in the server's answers: each text's sentences with their Confident (nanomt.decoding.translate) turned
+"""Confidence in the server's answers: each text's sentences with their Confident (nanomt.decoding.confident) turned
 into the response fields both APIs share, and the min_confidence threshold's marks."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from fastapi import HTTPException
 
-from nanomt.decoding.translate import Confident
+from nanomt.decoding.confident import Confident
 from nanomt.documents.translation import text_confidence
 from nanomt.serve.schemas import SentenceConfidence, WordProbability
 
