@@ -17,27 +17,10 @@ from collections.abc import Callable
 from pathlib import PurePath
 
 from nanomt.documents import markup
+from nanomt.documents.formats import BY_NAME, FORMATS
 from nanomt.documents.limits import MAX_FILE_BYTES, MAX_TEXT_CHARS, UNZIPPED_PER_BYTE
 from nanomt.documents.markup import Item, Tag, Text, Translate
 
-# Format of each file name suffix, and the media type each format is sent back with.
-FORMATS = {
-    ".txt": "text",
-    ".text": "text",
-    ".html": "html",
-    ".htm": "html",
-    ".md": "markdown",
-    ".markdown": "markdown",
-    ".srt": "srt",
-    ".docx": "docx",
-}
-MEDIA_TYPES = {
-    "text": "text/plain; charset=utf-8",
-    "html": "text/html",
-    "markdown": "text/markdown; charset=utf-8",
-    "srt": "application/x-subrip",
-    "docx": "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
-}
 # The largest file taken, and how much a zipped one may unpack to (a zip bomb is refused before it is read).
 MAX_UNZIPPED_BYTES = UNZIPPED_PER_BYTE * MAX_FILE_BYTES
 
@@ -137,12 +120,13 @@ def joined(items: list[Item]) -> str:
     return "".join(i.text if isinstance(i, Text) else str(i.raw) for i in items)
 
 
-def _library(module: str, package: str):
+def _library(fmt: str):
     """A format's library, or an UnsupportedFile naming the package to install."""
+    f = BY_NAME[fmt]
     try:
-        return importlib.import_module(module)
+        return importlib.import_module(f.module)
     except ImportError:
-        raise UnsupportedFile(f"this format needs the {package} package: pip install 'nanomt[files]'") from None
+        raise UnsupportedFile(f"this format needs the {f.package} package: pip install 'nanomt[files]'") from None
 
 
 def _decode(data: bytes, what: str) -> str:
@@ -276,7 +260,7 @@ def _markdown_block(doc: str, spans: list[tuple[int, int]]) -> list[Item]:
 
 def _markdown_regions(doc: str) -> tuple[list[tuple[int, int, list[Item]]], list[tuple[int, int]]]:
     """The text blocks of a Markdown document (with their items) and its HTML blocks, as spans of doc."""
-    markdown_it = _library("markdown_it", "markdown-it-py")
+    markdown_it = _library("markdown")
     lines = doc.split("\n")
     starts = [0]
     for text in lines:
@@ -333,7 +317,7 @@ def _srt_items(content: str) -> list[Item]:
 
 def _translate_srt(data: bytes, translate: Translate, split: markup.Split | None, _unzipped: int) -> bytes:
     """Subtitles (SRT): each subtitle's text translated, its timing, numbering and line count kept."""
-    srt = _library("srt", "srt")
+    srt = _library("srt")
     text = _decode(data, "SRT")
     try:
         subtitles = list(srt.parse(text))
@@ -452,7 +436,7 @@ class _Loose:
 def _translate_docx(data: bytes, translate: Translate, split: markup.Split | None, unzipped: int) -> bytes:
     """Word (.docx): paragraphs of the body, tables, headers and footers translated; runs keep their formatting."""
     _check_zip(data, unzipped)
-    docx = _library("docx", "python-docx")
+    docx = _library("docx")
     try:
         document = docx.Document(io.BytesIO(data))
     except Exception as e:  # python-docx raises many kinds on a broken package

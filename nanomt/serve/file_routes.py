@@ -12,7 +12,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, Field, StrictStr
 from starlette.datastructures import UploadFile
 
-from nanomt.documents import files
+from nanomt.documents import files, formats
 from nanomt.serve.access import presented_key
 from nanomt.serve.errors import ERRORS, FORM, MULTIPART, Refused, errors, invalid, validate
 
@@ -31,7 +31,7 @@ class TranslatedFiles:
     def add(self, filename: str, data: bytes, fmt: str, client: str) -> str | None:
         """Keep a file; its download name (a fresh id, then the uploaded file's name), None if it cannot be kept."""
         name = f"{uuid.uuid4().hex}.{PurePath(filename).name}"
-        value = files.MEDIA_TYPES[fmt].encode() + b"\0" + data
+        value = formats.MEDIA_TYPES[fmt].encode() + b"\0" + data
         bounds = ((self.layout.group(f"files:{client}"), KEEP_PER_CLIENT), (self.layout.group("files"), KEEP_FILES))
         return name if self.store.put(self.layout.file(name), value, self.keep_seconds, bounds) else None
 
@@ -89,7 +89,7 @@ def add_routes(app: FastAPI, server, routed) -> None:
             await dropped(request)
             raise
 
-    @app.post("/translate_file", responses=ERRORS, openapi_extra={"requestBody": file_body(", ".join(files.FORMATS))})
+    @app.post("/translate_file", responses=ERRORS, openapi_extra={"requestBody": file_body(", ".join(formats.FORMATS))})
     async def translate_file(request: Request) -> dict:
         """Translate a file, keeping its formatting; download it from the URL in the answer."""
         content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
@@ -129,7 +129,7 @@ def add_routes(app: FastAPI, server, routed) -> None:
         "/download_file/{name}",
         responses={
             200: {
-                "content": {t: {"schema": {"type": "string", "format": "binary"}} for t in files.MEDIA_TYPES.values()}
+                "content": {t: {"schema": {"type": "string", "format": "binary"}} for t in formats.MEDIA_TYPES.values()}
             },
             **errors(404, 503),
         },

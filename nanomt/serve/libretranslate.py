@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from fastapi import FastAPI, HTTPException, Request
 from pydantic import BaseModel, Field, StrictBool, StrictStr
 
-from nanomt.documents import files
+from nanomt.documents import formats
 from nanomt.serve import confidence, file_routes
 from nanomt.serve.documents import Route
 from nanomt.serve.errors import ERRORS, check_size, errors, read_body, validate
@@ -228,6 +228,6 @@ def add_routes(app: FastAPI, server) -> None:
             "keyRequired": server.key_required,
             "suggestions": server.config.suggestions,
             "filesTranslation": True,
-            "supportedFilesFormat": list(files.FORMATS),
+            "supportedFilesFormat": list(formats.FORMATS),
             "language": {"source": name(first.source), "target": name(first.target)},
         }

@@ -11,6 +11,8 @@ from pathlib import Path
 from fastapi import FastAPI, HTTPException
 from fastapi.responses import HTMLResponse, Response
 
+from nanomt.documents import formats
+
 STATIC = Path(__file__).resolve().parent / "static"
 MEDIA_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml"}
 # The page's scripts and styles are served by name, from this list only: no path reaches outside static/.
@@ -25,8 +27,12 @@ SECURITY = {
 
 
 def index_html(max_file_bytes: int) -> str:
-    """The page, with what it cannot ask the server for filled in (the largest file /translate_file takes)."""
+    """The page, with what it cannot ask the server for filled in: the largest file /translate_file takes, the
+    files it takes (every suffix) and the one suffix a format the page names (nanomt.documents.formats)."""
     text = (STATIC / "index.html").read_text(encoding="utf-8")
+    text = text.replace("{{FILE_SUFFIXES}}", ",".join(formats.FORMATS)).replace(
+        "{{FILE_SHOWN}}", ",".join(formats.SHOWN)
+    )
     return text.replace("{{MAX_FILE_BYTES}}", str(max_file_bytes))
 
 

@@ -10,7 +10,7 @@ import pytest
 from conftest import best_seconds
 from paths import DATA
 
-from nanomt.documents import files, markup
+from nanomt.documents import files, formats, markup
 from nanomt.documents.files import FileTooLarge, UnsupportedFile
 
 # Small hand-written samples (text of our own): one a format.
@@ -331,7 +331,7 @@ def test_a_zip_bomb_is_refused_before_it_is_read(monkeypatch):
 
 
 def test_media_types_cover_every_format():
-    assert set(files.MEDIA_TYPES) == set(files.HANDLERS) == set(files.FORMATS.values())
+    assert set(formats.MEDIA_TYPES) == set(files.HANDLERS) == set(formats.FORMATS.values())
 
 
 def test_a_file_whose_name_has_no_suffix_is_known_by_its_bytes():

@@ -17,7 +17,7 @@ pytest.importorskip("multipart", reason=SERVE_EXTRA)
 
 from fastapi.testclient import TestClient  # noqa: E402
 
-from nanomt.documents import files  # noqa: E402
+from nanomt.documents import files, formats  # noqa: E402
 from nanomt.serve import create_app  # noqa: E402
 
 LT = {"source": "src", "target": "tgt"}
@@ -111,7 +111,7 @@ def test_translate_file_round_trips(client, translator, lines, suffix):
     assert url.startswith("http") and url.endswith(f"doc{suffix}")
     got = client.get(url)
     assert got.status_code == 200 and got.headers["content-type"].startswith(
-        files.MEDIA_TYPES[files.FORMATS[suffix]].split(";")[0]
+        formats.MEDIA_TYPES[formats.FORMATS[suffix]].split(";")[0]
     )
     t9, t10 = translator.translate(lines[9:11])
     if suffix == ".docx":

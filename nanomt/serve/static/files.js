@@ -1,10 +1,13 @@
 "use strict";
-// A file in, its translation out: pick or drop a .txt/.html/.md/.srt/.docx file, POST translate_file, then fetch the
+// A file in, its translation out: pick or drop a file of a format the server takes, POST translate_file, then fetch the
 // translated file (by a path relative to the page) and offer it as a download.
 
 const Files = (() => {
   const maxBytes = Number(document.body.dataset.maxFileBytes) || 10 * 2 ** 20;
-  let formats = ["txt", "html", "md", "srt", "docx"];
+  // Every suffix the server takes (its file input's accept attribute), and the one a format it names.
+  const suffixes = (list) => list.split(",").filter(Boolean).map((x) => x.replace(/^\./, "").toLowerCase());
+  let formats = suffixes($("file").accept);
+  const named = suffixes(document.body.dataset.fileShown || "");
   let file = null, download = null;
 
   const size = (n) => (n >= 2 ** 20 ? `${(n / 2 ** 20).toFixed(1)} MB` : `${Math.ceil(n / 1024)} kB`);
@@ -69,7 +72,7 @@ const Files = (() => {
   function init(supported) {
     if (supported && supported.length) formats = supported.map((x) => x.replace(/^\./, "").toLowerCase());
     $("file").accept = formats.map((x) => "." + x).join(",");
-    const shown = formats.filter((x) => ["txt", "html", "md", "srt", "docx"].includes(x));
+    const shown = formats.filter((x) => named.includes(x));
     $("file-limits").textContent = `A ${(shown.length ? shown : formats).map((x) => "." + x).join(", ")} file of up to ${size(maxBytes)}, ` +
       "translated from and to the languages chosen above, its formatting kept.";
   }
