@@ -1,6 +1,7 @@
-"""Imports point one way: the package knows nothing of scripts/ and benchmarks/, which use only its public names; a
-recipe in scripts/ imports the package alone (no other recipe, no benchmark), a benchmark the package and
-benchmarks/ (its common module), never a recipe."""
+"""Imports point one way: the package knows nothing of scripts/ and benchmarks/, which use only its public names;
+a recipe (scripts/) and a benchmark (benchmarks/, benchmarks/experiments/) import the package and the shared helper
+modules, never a recipe or another benchmark: scripts/common.py (what recipes and benchmarks share) and, for a
+benchmark, benchmarks/harness.py (what benchmarks alone share). A helper module has no command line."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from paths import REPO as ROOT
 
 PACKAGE_FILES = sorted((ROOT / "nanomt").rglob("*.py"))
 SCRIPT_FILES = sorted((ROOT / "scripts").glob("*.py"))
-BENCHMARK_FILES = sorted((ROOT / "benchmarks").glob("*.py"))
+BENCHMARK_FILES = sorted((ROOT / "benchmarks").rglob("*.py"))
 USER_FILES = SCRIPT_FILES + BENCHMARK_FILES
+HELPERS = ("scripts.common", "benchmarks.harness")
 # Optional packages (the `bench` extra) a benchmark may need at import time: without them it is skipped.
 OPTIONAL = {"ctranslate2", "transformers"}
 
@@ -80,24 +82,45 @@ def relative_imports(tree: ast.Module) -> list[tuple[int, str]]:
     ]
 
 
-@pytest.mark.parametrize("path", SCRIPT_FILES, ids=lambda p: str(p.relative_to(ROOT)))
-def test_scripts_import_neither_each_other_nor_benchmarks(path):
-    tree = parse(path)
+def dotted_name(path: Path) -> str:
+    """`scripts.multi30k` for scripts/multi30k.py, as `python -m` runs it from the repository root."""
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts)
+
+
+def may_import(name: str) -> set[str]:
+    """The modules of scripts/ and benchmarks/ that module `name` may import: the helpers below it."""
+    if name == "scripts.common":
+        return set()
+    if name.startswith("scripts.") or name == "benchmarks.harness":
+        return {"scripts.common"}
+    return {"scripts.common", "benchmarks.harness"}
+
+
+@pytest.mark.parametrize("path", USER_FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_recipes_and_benchmarks_import_only_the_helpers(path):
+    tree, allowed = parse(path), may_import(dotted_name(path))
     bad = [(line, m) for line, m in imported_modules(tree) if m.split(".")[0] in ("scripts", "benchmarks")]
-    bad += relative_imports(tree)
-    assert not bad, f"{path.relative_to(ROOT)} imports {bad}: a recipe imports the package, not a recipe or benchmark"
+    bad = [(line, m) for line, m in bad if m not in allowed] + relative_imports(tree)
+    assert not bad, (
+        f"{path.relative_to(ROOT)} imports {bad}: it may import the package and {sorted(allowed) or 'nothing else'}, "
+        "never a recipe or another benchmark"
+    )
 
 
-@pytest.mark.parametrize("path", BENCHMARK_FILES, ids=lambda p: str(p.relative_to(ROOT)))
-def test_benchmarks_never_import_scripts(path):
-    bad = [(line, m) for line, m in imported_modules(parse(path)) if m.split(".")[0] == "scripts"]
-    assert not bad, f"{path.relative_to(ROOT)} imports {bad}: what benchmarks share is in benchmarks/common.py"
+@pytest.mark.parametrize("name", HELPERS)
+def test_a_helper_module_has_no_command_line(name):
+    tree = parse(ROOT / f"{name.replace('.', '/')}.py")
+    mains = [n.lineno for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main"]
+    guards = [n.lineno for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)]
+    assert not mains + guards, f"{name} is a helper, not a benchmark or a recipe: no main(), no __main__ block"
 
 
 def test_the_import_checks_see_every_kind_of_import():
-    tree = ast.parse("import scripts.multi30k\ndef f():\n    from benchmarks.common import shown\nfrom . import x\n")
-    assert imported_modules(tree) == [(1, "scripts.multi30k"), (3, "benchmarks.common")]
+    tree = ast.parse("import scripts.multi30k\ndef f():\n    from scripts.common import shown\nfrom . import x\n")
+    assert imported_modules(tree) == [(1, "scripts.multi30k"), (3, "scripts.common")]
     assert relative_imports(tree) == [(4, ".")]
+    assert may_import("benchmarks.experiments.malloc") == {"scripts.common", "benchmarks.harness"}
+    assert may_import("scripts.multi30k") == may_import("benchmarks.harness") == {"scripts.common"}
 
 
 @pytest.mark.parametrize("path", USER_FILES, ids=lambda p: str(p.relative_to(ROOT)))
@@ -122,7 +145,7 @@ def test_scripts_and_benchmarks_use_public_names_only(path):
 @pytest.mark.parametrize("path", USER_FILES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_scripts_and_benchmarks_import_cleanly(path, monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT))  # as `python -m scripts.X` from the repository root
-    name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+    name = dotted_name(path)
     try:
         module = importlib.import_module(name)
     except ModuleNotFoundError as e:

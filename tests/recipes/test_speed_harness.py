@@ -10,7 +10,8 @@ from conftest import tiny_config
 from paths import REPO
 
 import nanomt.decoding.translate
-from benchmarks.speed import BatchSpy, differing, nanomt_plan, same_batches
+from benchmarks.harness import differing, same_batches
+from benchmarks.speed import BatchSpy, nanomt_plan
 from nanomt.core.config import config_from_dict
 from nanomt.decoding.translate import Translator
 from nanomt.training.train import train
