@@ -1,6 +1,7 @@
-"""The docs' tables of decoding settings, written from the settings' fields (nanomt.core.settings): the `decode`
-section of docs/config.md and the whole of docs/decoding.md. `make docs` runs it; a test fails while either file
-differs from what it writes.
+"""The docs' tables of facts described once in the package: the decoding settings, from their fields
+(nanomt.core.settings; the `decode` section of docs/config.md and the whole of docs/decoding.md), and the file formats
+(nanomt.documents.formats; a table in docs/cli.md). `make docs` runs it; a test fails while a file differs from
+what it writes.
 
     python -m scripts.docs            # rewrite the tables
     python -m scripts.docs --check    # exit 1, naming the file, where a table is out of date
@@ -19,9 +20,11 @@ import yaml
 from nanomt.core.config import DecodeConfig
 from nanomt.core.decoding import Decoding, Sampling
 from nanomt.core.settings import DOORS, bounds_text, default_of, fields_at
+from nanomt.documents import formats
 from scripts.common import ROOT
 
-CONFIG_DOC, DECODING_DOC = ROOT / "docs" / "config.md", ROOT / "docs" / "decoding.md"
+CONFIG_DOC, DECODING_DOC, CLI_DOC = ROOT / "docs" / "config.md", ROOT / "docs" / "decoding.md", ROOT / "docs" / "cli.md"
+FORMATS_START, FORMATS_END = "<!-- formats: written by make docs -->\n", "<!-- end formats -->"
 DOOR_NAMES = {
     "config": "config (`decode:`)",
     "flag": "`nanomt translate` / `evaluate`",
@@ -113,10 +116,34 @@ def with_config_rows(text: str) -> str:
     return f"{head}\n## decode\n{intro}\n" + "\n".join(config_rows()) + ("\n\n" + after if after else "\n")
 
 
+def format_rows() -> list[str]:
+    """docs/cli.md's table of file formats: a row a format of nanomt.documents.formats."""
+    rows = ["| `--format` | file name suffixes | sent back as | reads it |", "|---|---|---|---|"]
+    for f in formats.TABLE:
+        reads = f"{f.package} (`[files]`)" if f.package else "the standard library"
+        suffixes = ", ".join(f"`{x}`" for x in f.suffixes)
+        rows.append(f"| `{f.name}` ({f.title}) | {suffixes} | `{f.media_type}` | {reads} |")
+    return rows
+
+
+def with_format_rows(text: str) -> str:
+    """docs/cli.md with the table between its formats markers replaced by format_rows()."""
+    head, rest = text.split(FORMATS_START, 1)
+    return head + FORMATS_START + "\n".join(format_rows()) + "\n" + FORMATS_END + rest.split(FORMATS_END, 1)[1]
+
+
+def written() -> dict[Path, str]:
+    """Each generated doc as this writes it."""
+    return {
+        CONFIG_DOC: with_config_rows(CONFIG_DOC.read_text(encoding="utf-8")),
+        DECODING_DOC: decoding_page(),
+        CLI_DOC: with_format_rows(CLI_DOC.read_text(encoding="utf-8")),
+    }
+
+
 def outdated() -> list[Path]:
     """The docs whose generated tables differ from what this writes."""
-    want = {CONFIG_DOC: with_config_rows(CONFIG_DOC.read_text(encoding="utf-8")), DECODING_DOC: decoding_page()}
-    return [p for p, text in want.items() if not p.is_file() or p.read_text(encoding="utf-8") != text]
+    return [p for p, text in written().items() if not p.is_file() or p.read_text(encoding="utf-8") != text]
 
 
 def main() -> None:
@@ -128,8 +155,8 @@ def main() -> None:
         for path in stale:
             print(f"{path.relative_to(ROOT)}: out of date; run make docs", file=sys.stderr)
         sys.exit(1 if stale else 0)
-    CONFIG_DOC.write_text(with_config_rows(CONFIG_DOC.read_text(encoding="utf-8")), encoding="utf-8")
-    DECODING_DOC.write_text(decoding_page(), encoding="utf-8")
+    for path, text in written().items():
+        path.write_text(text, encoding="utf-8")
     for path in stale:
         print(f"wrote {path.relative_to(ROOT)}")
 

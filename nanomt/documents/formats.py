@@ -27,7 +27,7 @@ TABLE = (
     Format(
         "markdown", "Markdown", (".md", ".markdown"), "text/markdown; charset=utf-8", "markdown_it", "markdown-it-py"
     ),
-    Format("srt", "subtitles (SubRip)", (".srt",), "application/x-subrip", "srt", "srt"),
+    Format("srt", "SubRip subtitles", (".srt",), "application/x-subrip", "srt", "srt"),
     Format(
         "docx",
         "Word",
