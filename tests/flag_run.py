@@ -14,18 +14,16 @@ import numpy as np
 import pytest
 from conftest import tiny_config
 
-from nanomt.core.config import config_from_dict, load_config, save_config
-from nanomt.training.train import train
+from nanomt.core.config import load_config, save_config
 
 GLOSSARY = (("fesa", "dask"),)
 PREFIXES = ["twa", "ek rud", "tha swil", "twa", "ek", "tha", "blek", "twa"]
 
 
 @pytest.fixture(scope="module")
-def run_dir(toy_corpus, tmp_path_factory):
-    """A tiny model trained for a few seconds (its checkpoint's default beam is 2)."""
-    cfg = config_from_dict(tiny_config(toy_corpus, max_steps=60, eval_every=60, save_every=60))
-    return train(cfg, tmp_path_factory.mktemp("redesign") / "run")
+def run_dir(toy_corpus, trained):
+    """A tiny model trained for a few seconds (its checkpoint's default beam is 2): read only."""
+    return trained(tiny_config(toy_corpus, max_steps=60, eval_every=60, save_every=60))
 
 
 @dataclass(frozen=True)

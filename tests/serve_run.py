@@ -4,11 +4,7 @@ flags (cli/test_serve_flags.py) serve."""
 import pytest
 from conftest import tiny_config
 
-from nanomt.core.config import config_from_dict
-from nanomt.training.train import train
-
 
 @pytest.fixture(scope="module")
-def run_dir(toy_corpus, tmp_path_factory):
-    cfg = config_from_dict(tiny_config(toy_corpus, max_steps=30, eval_every=30, save_every=30))
-    return train(cfg, tmp_path_factory.mktemp("guards") / "run")
+def run_dir(toy_corpus, trained):
+    return trained(tiny_config(toy_corpus, max_steps=30, eval_every=30, save_every=30))

@@ -4,13 +4,12 @@ import argparse
 import importlib.metadata
 import json
 import shutil
-import subprocess
 
 import matplotlib.image
 import pytest
 import sacrebleu
 import torch
-from conftest import NANOMT, tiny_config
+from conftest import run_nanomt, tiny_config
 
 from nanomt.cli import build_parser, main
 from nanomt.core.checkpoint import WEIGHTS, CheckpointError, read_weights, save_weights, step_dirs
@@ -30,7 +29,7 @@ def run_dir(toy_corpus, tmp_path_factory):
 
 
 def cli(*args, input=None):
-    return subprocess.run([*NANOMT, *map(str, args)], capture_output=True, text=True, input=input, timeout=300)
+    return run_nanomt(*args, input=input, text=True)
 
 
 def test_translate_stdin_to_stdout_keeps_lines_and_order(run_dir, toy_corpus):

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 import torch
-from conftest import NANOMT, tiny_config
+from conftest import NANOMT, run_nanomt, tiny_config
 from safetensors import safe_open
 from safetensors.torch import save_file
 
@@ -40,8 +40,8 @@ def run_dir(toy_corpus, tmp_path_factory):
     return train(cfg, tmp_path_factory.mktemp("translate") / "run")
 
 
-def cli(*args, input: bytes = b"", env=None):
-    return subprocess.run([*NANOMT, *map(str, args)], capture_output=True, input=input, timeout=300, env=env)
+def cli(*args, input: bytes = b""):
+    return run_nanomt(*args, input=input)
 
 
 def copy_run(run_dir, dest):

@@ -14,7 +14,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import KEPT, NANOMT, decoding, random_src, random_transformer
+from conftest import KEPT, decoding, random_src, random_transformer, run_nanomt
 from decode_golden import restricted_transformer
 from paths import REPO
 
@@ -280,13 +280,12 @@ def test_a_damaged_calibration_is_uncalibrated_with_one_warning(run_dir, uncalib
     assert len(warnings) == 1 and str(copy / calib.CALIBRATION) in warnings[0] and problem in warnings[0]
 
 
-@pytest.mark.slow  # nanomt in subprocesses
+@pytest.mark.slow  # nanomt's commands on a trained run
 def test_nanomt_calibrate_writes_only_its_file_and_refuses_too_few(uncalibrated, toy_corpus, tmp_path):
     before = {p.name: sha(p) for p in uncalibrated.iterdir() if p.is_file()}
-    out = subprocess.run(
-        [*NANOMT, "calibrate", str(uncalibrated), "--src", str(toy_corpus["valid.src"]), "--ref",
-         str(toy_corpus["valid.tgt"]), "--beam-size", "1"],
-        capture_output=True, text=True, check=True,
+    out = run_nanomt(
+        "calibrate", uncalibrated, "--src", toy_corpus["valid.src"], "--ref", toy_corpus["valid.tgt"], "--beam-size", 1,
+        text=True, check=True,
     )  # fmt: skip
     assert "Pearson" in out.stdout
     after = {p.name: sha(p) for p in uncalibrated.iterdir() if p.is_file()}
@@ -296,37 +295,32 @@ def test_nanomt_calibrate_writes_only_its_file_and_refuses_too_few(uncalibrated,
     assert stored["weights_sha256"] == before["model.safetensors"] and stored["fit"]["beam_size"] == 1
     few = tmp_path / "few.src"
     few.write_text("".join(toy_corpus["valid.src"].read_text().splitlines(keepends=True)[:5]))
-    bad = subprocess.run([*NANOMT, "calibrate", str(uncalibrated), "--src", str(few), "--ref", str(few)],
-                         capture_output=True, text=True)  # fmt: skip
+    bad = run_nanomt("calibrate", uncalibrated, "--src", few, "--ref", few, text=True)
     assert bad.returncode != 0 and bad.stderr.strip().count("\n") == 0
     assert "5 sentence pairs" in bad.stderr and "at least 100" in bad.stderr
     (uncalibrated / calib.CALIBRATION).unlink()
 
 
-@pytest.mark.slow  # nanomt in subprocesses
+@pytest.mark.slow  # nanomt's commands on a trained run
 def test_translate_confidence_writes_a_second_column_or_says_there_is_none(run_dir, uncalibrated, tmp_path, sentences):
     src = tmp_path / "in.txt"
     src.write_text("\n".join(sentences) + "\n")
-    out = subprocess.run([*NANOMT, "translate", str(run_dir), "-i", str(src), "--confidence"],
-                         capture_output=True, text=True, check=True)  # fmt: skip
+    out = run_nanomt("translate", run_dir, "-i", src, "--confidence", text=True, check=True)
     found = Translator.from_checkpoint(run_dir).translate_confident(sentences)
     assert out.stdout.splitlines() == [f"{c.translation}\t{c.confidence:.4f}" for c in found]
     assert "warning" not in out.stderr
-    raw = subprocess.run([*NANOMT, "translate", str(uncalibrated), "-i", str(src), "--confidence"],
-                         capture_output=True, text=True, check=True)  # fmt: skip
+    raw = run_nanomt("translate", uncalibrated, "-i", src, "--confidence", text=True, check=True)
     assert raw.stdout.splitlines() == [f"{c.translation}\t{c.raw:.4f}" for c in found]
     assert "has no calibration" in raw.stderr
-    refused = subprocess.run([*NANOMT, "translate", str(run_dir), "-i", str(src), "--confidence", "--n-best", "2"],
-                             capture_output=True, text=True)  # fmt: skip
+    refused = run_nanomt("translate", run_dir, "-i", src, "--confidence", "--n-best", 2, text=True)
     assert refused.returncode != 0 and "--confidence" in refused.stderr
 
 
-@pytest.mark.slow  # nanomt in subprocesses
+@pytest.mark.slow  # nanomt's commands on a trained run
 def test_evaluate_reports_the_correlation_beside_bleu(run_dir, toy_corpus):
-    out = subprocess.run(
-        [*NANOMT, "evaluate", str(run_dir), "--src", str(toy_corpus["test.src"]), "--ref", str(toy_corpus["test.tgt"]),
-         "--confidence", "--json"],
-        capture_output=True, text=True, check=True,
+    out = run_nanomt(
+        "evaluate", run_dir, "--src", toy_corpus["test.src"], "--ref", toy_corpus["test.tgt"], "--confidence", "--json",
+        text=True, check=True,
     )  # fmt: skip
     report = json.loads(out.stdout)
     t = Translator.from_checkpoint(run_dir)

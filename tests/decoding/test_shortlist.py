@@ -2,21 +2,18 @@
 model with the other ids masked, nothing changed when it is off, and `nanomt shortlist` / `--shortlist` / the API."""
 
 import shutil
-import subprocess
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import NANOMT, decoding, random_src, random_transformer, tiny_config
+from conftest import decoding, random_src, random_transformer, run_nanomt, tiny_config
 from decode_golden import restricted_transformer
 
-from nanomt.core.config import config_from_dict
 from nanomt.decoding import shortlist as sl
 from nanomt.decoding.quantize import quantize_int8
 from nanomt.decoding.search import search
 from nanomt.decoding.translate import Translator
-from nanomt.training.train import train
 
 
 def brute_force(src, tgt, vocab, top, frequent):
@@ -95,27 +92,27 @@ def test_an_int8_model_restricts_its_int8_rows(one_thread):
     assert all(t in (10, 12, 14) for h in search(few, src, decoding(10)) for t in h[0].tokens)
 
 
-@pytest.fixture(scope="module")
-def run_dir(toy_corpus, tmp_path_factory):
+@pytest.fixture
+def run_dir(toy_corpus, trained, tmp_path_factory):
+    """A copy of the tiny run (`nanomt shortlist` writes its table into it)."""
     torch.set_num_threads(1)
-    cfg = tiny_config(toy_corpus, max_steps=60, eval_every=60, save_every=60)
-    return train(config_from_dict(cfg), tmp_path_factory.mktemp("shortlist") / "run")
+    return shutil.copytree(
+        trained(tiny_config(toy_corpus, max_steps=60, eval_every=60, save_every=60)),
+        tmp_path_factory.mktemp("shortlist") / "run",
+    )
 
 
-@pytest.mark.slow  # nanomt in subprocesses
+@pytest.mark.slow  # nanomt's commands on a trained run
 def test_nanomt_shortlist_and_translate_shortlist(run_dir, toy_corpus, tmp_path):
     src = toy_corpus["test.src"]
-    plain = subprocess.run([*NANOMT, "translate", str(run_dir), "-i", str(src)], capture_output=True, text=True)
-    missing = subprocess.run([*NANOMT, "translate", str(run_dir), "-i", str(src), "--shortlist"],
-                             capture_output=True, text=True)  # fmt: skip
+    plain = run_nanomt("translate", run_dir, "-i", src, text=True)
+    missing = run_nanomt("translate", run_dir, "-i", src, "--shortlist", text=True)
     assert missing.returncode != 0 and "shortlist.json not found" in missing.stderr
     assert missing.stderr.strip().count("\n") == 0
-    subprocess.run([*NANOMT, "shortlist", str(run_dir), "--src", str(toy_corpus["train.src"]), "--tgt",
-                    str(toy_corpus["train.tgt"])], check=True, capture_output=True)  # fmt: skip
+    run_nanomt("shortlist", run_dir, "--src", toy_corpus["train.src"], "--tgt", toy_corpus["train.tgt"], check=True)
     assert (run_dir / sl.SHORTLIST).is_file()
-    short = subprocess.run([*NANOMT, "translate", str(run_dir), "-i", str(src), "--shortlist"],
-                           capture_output=True, text=True, check=True)  # fmt: skip
-    again = subprocess.run([*NANOMT, "translate", str(run_dir), "-i", str(src)], capture_output=True, text=True)
+    short = run_nanomt("translate", run_dir, "-i", src, "--shortlist", text=True, check=True)
+    again = run_nanomt("translate", run_dir, "-i", src, text=True)
     assert again.stdout == plain.stdout  # a shortlist beside the weights changes nothing until asked for
     assert len(short.stdout.splitlines()) == len(plain.stdout.splitlines())
     t = Translator.from_checkpoint(run_dir)

@@ -7,11 +7,10 @@ log-probability and so its length-penalized score is then known in advance.
 """
 
 import math
-import subprocess
 
 import pytest
 import torch
-from conftest import KEPT, NANOMT, TIED_VOCAB, decoding, max_len_fn, random_src, tied_pair, tiny_config, tokens
+from conftest import KEPT, TIED_VOCAB, decoding, max_len_fn, random_src, run_nanomt, tied_pair, tiny_config, tokens
 
 from nanomt.core.checkpoint import load_checkpoint, model_state, write_checkpoint_dir
 from nanomt.core.config import Config, DataConfig, DecodeConfig, ModelConfig, config_from_dict
@@ -125,7 +124,7 @@ def src_lengths(tokenizer) -> list[int]:
 
 
 def cli(*args, input=None):
-    return subprocess.run([*NANOMT, *map(str, args)], capture_output=True, text=True, input=input, timeout=300)
+    return run_nanomt(*args, input=input, text=True)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -7,21 +7,18 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import NANOMT, tiny_config
+from conftest import NANOMT, run_nanomt, tiny_config
 from paths import DATA
 
-from nanomt.core.config import config_from_dict
 from nanomt.decoding.pieces import cut_sentence
 from nanomt.decoding.translate import Translator, src_limit
 from nanomt.documents import files, markup
 from nanomt.documents import translation as dt
-from nanomt.training.train import train
 
 
 @pytest.fixture(scope="module")
-def run_dir(toy_corpus, tmp_path_factory):
-    cfg = config_from_dict(tiny_config(toy_corpus, max_steps=60, eval_every=60, save_every=60))
-    return train(cfg, tmp_path_factory.mktemp("documents") / "run")
+def run_dir(toy_corpus, trained):
+    return trained(tiny_config(toy_corpus, max_steps=60, eval_every=60, save_every=60))
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +32,7 @@ def toy_lines(toy_corpus):
 
 
 def cli(*args, input=None):
-    return subprocess.run([*NANOMT, *map(str, args)], capture_output=True, input=input, timeout=300)
+    return run_nanomt(*args, input=input)
 
 
 def in_order(parts: list[str], text: str) -> bool:

@@ -228,6 +228,7 @@ def test_markdown_emphasis_follows_its_words_when_they_move():
 
 # Openers nothing on the line closes: an HTML comment, a backtick after an escaped one (no lone backtick follows),
 # a link title in parentheses. A search for the closer from each of them made the line's time quadratic.
+@pytest.mark.serial  # a ratio of two timings: alone, not beside another worker's test
 @pytest.mark.parametrize("opener, n", [("<!--", 4000), ("\\``", 3000), ("]( (", 8000)])
 def test_a_markdown_line_of_unclosed_openers_parses_in_linear_time(opener, n):
     small, large = ("der Hund " + opener * (k // len(opener)) for k in (n, 8 * n))

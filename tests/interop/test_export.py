@@ -42,17 +42,18 @@ VARIANTS = {
 
 
 @pytest.fixture(scope="module")
-def runs(toy_corpus, tmp_path_factory, one_thread) -> dict[str, Path]:
+def runs(toy_corpus, trained, one_thread) -> dict[str, Path]:
     """The variants trained a few dozen steps each: enough that their outputs are not all the same sentence."""
-    out = {}
-    for name, (data, model, decode) in VARIANTS.items():
-        cfg = tiny_config(toy_corpus, max_steps=60, eval_every=60, save_every=60, lr=1e-2, max_tokens=1000)
-        cfg["data"].update(data)
-        cfg["model"].update(model)
-        cfg["decode"].update(decode)
-        out[name] = tmp_path_factory.mktemp(name) / "run"
-        train(config_from_dict(cfg), out[name])
-    return out
+    return {name: trained(variant_config(toy_corpus, *variant)) for name, variant in VARIANTS.items()}
+
+
+def variant_config(toy_corpus, data: dict, model: dict, decode: dict) -> dict:
+    """The tiny config of a variant (test_onnx_batches.py's too: conftest's `trained` trains each once)."""
+    cfg = tiny_config(toy_corpus, max_steps=60, eval_every=60, save_every=60, lr=1e-2, max_tokens=1000)
+    cfg["data"].update(data)
+    cfg["model"].update(model)
+    cfg["decode"].update(decode)
+    return cfg
 
 
 @pytest.fixture(scope="module")

@@ -7,12 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_config
-from test_export import VARIANTS, padded
+from test_export import VARIANTS, padded, variant_config
 
-from nanomt.core.config import config_from_dict
 from nanomt.decoding.translate import Translator
-from nanomt.training.train import train
 
 # test_export's checkpoints, and learned positions (a table the decoder step indexes by the cache's length).
 ONNX_VARIANTS = {
@@ -23,20 +20,16 @@ TOL = 1e-4
 
 
 @pytest.fixture(scope="module")
-def exports(toy_corpus, tmp_path_factory, one_thread) -> dict[str, tuple[Path, Path]]:
-    """Each variant trained a few dozen steps and exported: (run, onnx directory)."""
+def exports(toy_corpus, trained, tmp_path_factory, one_thread) -> dict[str, tuple[Path, Path]]:
+    """Each variant trained a few dozen steps (test_export.py's runs: conftest's `trained` trains each once) and
+    exported: (run, onnx directory)."""
     pytest.importorskip("onnxruntime")
     from nanomt.interop.onnx import export_onnx
 
     out = {}
-    for name, (data, model, decode) in ONNX_VARIANTS.items():
-        cfg = tiny_config(toy_corpus, max_steps=60, eval_every=60, save_every=60, lr=1e-2, max_tokens=1000)
-        cfg["data"].update(data)
-        cfg["model"].update(model)
-        cfg["decode"].update(decode)
-        run = tmp_path_factory.mktemp(name) / "run"
-        train(config_from_dict(cfg), run)
-        out[name] = (run, export_onnx(run, run.parent / "onnx"))
+    for name, variant in ONNX_VARIANTS.items():
+        run = trained(variant_config(toy_corpus, *variant))
+        out[name] = (run, export_onnx(run, tmp_path_factory.mktemp(name) / "onnx"))
     return out
 
 

@@ -13,7 +13,7 @@ from paths import REPO as ROOT
 def test_benchmark_runs_end_to_end_at_a_tiny_size(tmp_path):
     out = tmp_path / "corpus_scale.json"
     cmd = [sys.executable, "-m", "benchmarks.corpus_scale", "--pairs", "2000", "--source", "toy", "--vocab", "120"]
-    cmd += ["--steps", "2", "--seconds", "0.5", "--workdir", str(tmp_path / "work"), "--out", str(out)]
+    cmd += ["--steps", "2", "--seconds", "0.1", "--workdir", str(tmp_path / "work"), "--out", str(out)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())

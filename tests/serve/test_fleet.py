@@ -9,19 +9,17 @@ import pytest
 from conftest import NANOMT, tiny_config
 from servers import free_port, metric, start_redis
 
-from nanomt.core.config import config_from_dict
 from nanomt.serve.keys import key_line
-from nanomt.training.train import train
 
 httpx = pytest.importorskip("httpx")
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def fleet(toy_corpus, tmp_path_factory):
+def fleet(toy_corpus, trained, tmp_path_factory):
     redis = start_redis()
     tmp = tmp_path_factory.mktemp("fleet")
-    run = train(config_from_dict(tiny_config(toy_corpus, max_steps=10, eval_every=10, save_every=10)), tmp / "run")
+    run = trained(tiny_config(toy_corpus, max_steps=10, eval_every=10, save_every=10))
     keys = tmp / "keys"
     keys.write_text(key_line("fleet-key", "fleet", req_limit=5, trusted=True) + "\n")  # its corrections served
     ports = [free_port(), free_port()]

@@ -7,9 +7,7 @@ import json
 import pytest
 from conftest import tiny_config
 
-from nanomt.core.config import config_from_dict
 from nanomt.decoding.translate import Translator
-from nanomt.training.train import train
 
 pytest.importorskip("fastapi")
 schemathesis = pytest.importorskip("schemathesis")
@@ -25,9 +23,8 @@ REFUSED = (415, 422)  # what a server answers a request it takes for invalid
 
 
 @pytest.fixture(scope="module")
-def translator(toy_corpus, tmp_path_factory):
-    cfg = config_from_dict(tiny_config(toy_corpus, max_steps=10, eval_every=10, save_every=10))
-    return Translator.from_checkpoint(train(cfg, tmp_path_factory.mktemp("schema") / "run"))
+def translator(toy_corpus, trained):
+    return Translator.from_checkpoint(trained(tiny_config(toy_corpus, max_steps=10, eval_every=10, save_every=10)))
 
 
 def make_app(translator):

@@ -14,10 +14,8 @@ import torch
 from conftest import tiny_config
 from servers import start_server_retrying, stop
 
-from nanomt.core.config import config_from_dict
 from nanomt.core.decoding import Sampling
 from nanomt.decoding.translate import Translator
-from nanomt.training.train import train
 
 SERVE_EXTRA = (
     "nanomt serve needs FastAPI, uvicorn, prometheus_client; these tests httpx: pip install 'nanomt[serve]' httpx"
@@ -35,11 +33,10 @@ from nanomt.serve import create_app  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def run_dir(toy_corpus, tmp_path_factory):
+def run_dir(toy_corpus, trained):
     """A tiny model trained for a few seconds (its checkpoint's default beam is 2)."""
     torch.set_num_threads(1)
-    cfg = config_from_dict(tiny_config(toy_corpus, max_steps=60, eval_every=60, save_every=60))
-    return train(cfg, tmp_path_factory.mktemp("serve") / "run")
+    return trained(tiny_config(toy_corpus, max_steps=60, eval_every=60, save_every=60))
 
 
 @pytest.fixture(scope="module")

@@ -5,10 +5,8 @@ import io
 import pytest
 from conftest import tiny_config
 
-from nanomt.core.config import config_from_dict
 from nanomt.decoding.translate import Translator
 from nanomt.documents import translation as dt
-from nanomt.training.train import train
 
 SERVE_EXTRA = "nanomt serve needs FastAPI, uvicorn, prometheus_client, python-multipart; these tests httpx"
 pytest.importorskip("fastapi", reason=SERVE_EXTRA)
@@ -24,9 +22,8 @@ LT = {"source": "src", "target": "tgt"}
 
 
 @pytest.fixture(scope="module")
-def translator(toy_corpus, tmp_path_factory):
-    cfg = config_from_dict(tiny_config(toy_corpus, max_steps=60, eval_every=60, save_every=60))
-    return Translator.from_checkpoint(train(cfg, tmp_path_factory.mktemp("serve_documents") / "run"))
+def translator(toy_corpus, trained):
+    return Translator.from_checkpoint(trained(tiny_config(toy_corpus, max_steps=60, eval_every=60, save_every=60)))
 
 
 @pytest.fixture(scope="module")

@@ -5,10 +5,8 @@ import hmac
 import pytest
 from conftest import tiny_config
 
-from nanomt.core.config import config_from_dict
 from nanomt.decoding.translate import Translator
 from nanomt.serve.keys import hash_key, key_line
-from nanomt.training.train import train
 
 pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
@@ -18,9 +16,8 @@ from nanomt.serve import ModelSet, ModelSpec, create_app  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def translator(toy_corpus, tmp_path_factory):
-    cfg = config_from_dict(tiny_config(toy_corpus, max_steps=10, eval_every=10, save_every=10))
-    return Translator.from_checkpoint(train(cfg, tmp_path_factory.mktemp("keys") / "run"))
+def translator(toy_corpus, trained):
+    return Translator.from_checkpoint(trained(tiny_config(toy_corpus, max_steps=10, eval_every=10, save_every=10)))
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import yaml
-from conftest import NANOMT, tiny_config
+from conftest import NANOMT, run_nanomt, tiny_config
 
 from nanomt.core.batches import make_batches
 from nanomt.core.checkpoint import WEIGHTS, average_checkpoints, load_checkpoint, read_weights, step_dirs
@@ -145,8 +145,8 @@ def write_config(tmp_path, cfg: dict):
     return path
 
 
-def run_cli(*args, **kw):
-    return subprocess.run([*NANOMT, *args], capture_output=True, text=True, timeout=300, **kw)
+def run_cli(*args):
+    return run_nanomt(*args, text=True)
 
 
 # `nanomt ARGS...` whose training stalls when it asks for the lr of step STALL_AT, after touching FLAG: steps

@@ -7,11 +7,9 @@ import pytest
 from conftest import tiny_config
 from servers import free_port, start_redis
 
-from nanomt.core.config import config_from_dict
 from nanomt.decoding.translate import Translator
 from nanomt.serve.keys import key_line
 from nanomt.serve.store import MemoryStore, StoreError, open_store
-from nanomt.training.train import train
 
 pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
@@ -89,9 +87,8 @@ def test_sqlite_survives_a_restart(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def run_dir(toy_corpus, tmp_path_factory):
-    cfg = config_from_dict(tiny_config(toy_corpus, max_steps=10, eval_every=10, save_every=10))
-    return train(cfg, tmp_path_factory.mktemp("store") / "run")
+def run_dir(toy_corpus, trained):
+    return trained(tiny_config(toy_corpus, max_steps=10, eval_every=10, save_every=10))
 
 
 @pytest.fixture(scope="module")
