@@ -1,7 +1,8 @@
 """Language detection for LibreTranslate's `source: auto` and /detect, restricted to the languages the server
 translates from: lingua (lingua-language-detector, its models in its wheel), loaded once, on first use.
 
-docs/language-detection.md says why lingua (accuracy on texts of a few words, measured by benchmarks/experiments/langdetect.py).
+docs/language-detection.md says why lingua (accuracy on texts of a few words, measured by
+benchmarks/experiments/langdetect.py).
 """
 
 from __future__ import annotations
