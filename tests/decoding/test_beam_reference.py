@@ -1,4 +1,5 @@
-"""Beam search against an uncached reference written from decode.py's rules, with pruning (k < the search space).
+"""Beam search against an uncached reference written from nanomt/decoding/beam.py's rules, with pruning (k < the
+search space).
 
 Two models: a stand-in whose next-token distribution is drawn from (source, prefix), so that each sentence ends by
 EOS at its own step and the batch shrinks mid-search (a wrong reorder of the cache or the encoder rows after a
@@ -36,7 +37,7 @@ NextLogProbs = Callable[[list[int]], torch.Tensor]  # generated tokens (no BOS) 
 
 
 # ---------------------------------------------------------------------------------------------------------
-# The reference: one sentence, every prefix re-scored from scratch, the rules of decode.py's docstring.
+# The reference: one sentence, every prefix re-scored from scratch, the rules of nanomt/decoding/beam.py's docstring.
 # ---------------------------------------------------------------------------------------------------------
 
 

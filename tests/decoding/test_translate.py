@@ -88,7 +88,7 @@ def chain_hypotheses(tokens: list[int], eos_probs: list[float]) -> list[tuple[li
 
 
 def penalized(log_prob: float, length: int, kind: str, alpha: float) -> float:
-    """decode.py's score; `length` counts EOS."""
+    """Decoding.penalty's score; `length` counts EOS."""
     return log_prob / {"gnmt": ((5 + length) / 6) ** alpha, "average": length**alpha, "none": 1.0}[kind]
 
 

@@ -77,7 +77,7 @@ def test_a_5000_token_line_is_translated_whole_in_pieces(run_dir, translator, to
 def test_paragraphs_translate_as_their_sentences_one_by_one(translator, toy_lines):
     # Paragraphs of 2-6 consecutive sentences of the toy language (the model's), in varied spacing: the same text as
     # each sentence translated alone and joined by the same spacing. (The committed news sample checks the
-    # segmentation of real text: tests/test_documents.py.)
+    # segmentation of real text: tests/documents/test_documents.py.)
     _, n_best, source = dt.for_translator(translator)
     paragraphs, gaps, at = [], [" ", "  ", " ", "\t"], 0
     for size in [2, 3, 4, 5, 6] * 6:

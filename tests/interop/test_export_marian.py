@@ -201,7 +201,7 @@ def write_marian_tokenizer(out: Path, corpus: dict[str, Path], shared: bool) -> 
 
 @pytest.fixture(scope="module", params=["shared", "separate"])
 def marian_dir(request, tmp_path_factory) -> Path:
-    """A random MarianMTModel with its tokenizer, saved with save_pretrained (as tests/test_marian.py builds it)."""
+    """A random MarianMTModel with its tokenizer, saved with save_pretrained (as interop/test_marian.py builds it)."""
     shared = request.param == "shared"
     out = tmp_path_factory.mktemp(f"marian_{request.param}")
     corpus = write_corpus(tmp_path_factory.mktemp("toy"), pairs=400, valid=4, test=8)
