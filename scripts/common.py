@@ -1,5 +1,6 @@
 """What the recipes (scripts/) and the benchmarks (benchmarks/) share: the repository's paths and the shared data's,
-a results file's machine, commit and relative paths, and `nanomt train` in a process of its own on the Multi30k files.
+a results file's machine, commit and relative paths, `nanomt train` in a process of its own on the Multi30k files,
+and the recipes' choices on val (checkpoint, beam and length penalty) and test numbers (`nanomt evaluate`).
 
 One module for both, beside the recipes: a benchmark runs what a recipe runs (its config, its data, its training)
 and writes a results file as a recipe does, so what they share is the recipes' ground and the benchmarks import it
@@ -11,6 +12,7 @@ nanomt: a process that must stay without torch (a CTranslate2 worker) imports it
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import platform
@@ -129,3 +131,75 @@ def training_summary(run_dir: Path) -> dict:
         "best_valid_greedy_bleu": max((r["valid_bleu"] for r in evals), default=None),
         "valid_greedy_bleu_curve": [(r["step"], r["elapsed_s"], r["valid_bleu"]) for r in evals],
     }
+
+
+# Choices on val and the test numbers of the Multi30k recipes (multi30k, distill).
+
+
+def with_decoding(src: Path, out: Path, beam: int, length_penalty: float) -> Path:
+    """A complete checkpoint dir at `out` whose config carries the chosen decoding settings."""
+    from nanomt.core import checkpoint as ckpt
+    from nanomt.core.config import load_config
+
+    config_path, tokenizer_dir = ckpt.find_run_files(src)
+    cfg = load_config(config_path)
+    cfg = dataclasses.replace(
+        cfg, decode=dataclasses.replace(cfg.decode, beam_size=beam, length_penalty=length_penalty)
+    )
+    state = ckpt.read_weights(src / ckpt.WEIGHTS)
+    return ckpt.write_checkpoint_dir(out, cfg, tokenizer_dir, state)
+
+
+def val_bleu(path: Path, data: Path, beam: int, length_penalty: float | None = None) -> float:
+    """BLEU of a checkpoint on val, the only split used for choices."""
+    from nanomt.decoding.translate import Translator
+    from nanomt.training.evaluate import evaluate
+
+    kwargs = {} if length_penalty is None else {"length_penalty": length_penalty}
+    translator = Translator.from_checkpoint(path)
+    report = evaluate(translator, data / "val.de", data / "val.en", beam_size=beam, **kwargs)
+    return report["bleu"]
+
+
+def choose_checkpoint(run_dir: Path, data: Path, work: Path) -> tuple[Path, list[dict]]:
+    """Best-BLEU weights, the last step, and averages of the last N checkpoints, compared on val with beam 5."""
+    from nanomt.core import checkpoint as ckpt
+
+    steps = ckpt.step_dirs(run_dir)
+    candidates = {"best_valid_bleu": run_dir, "last": steps[-1][1]}
+    for n in (4, 8, 12):
+        if len(steps) >= n:
+            candidates[f"average_last_{n}"] = ckpt.average_checkpoints([p for _, p in steps[-n:]], work / f"avg{n}")
+    table = []
+    for name, path in candidates.items():
+        table.append({"checkpoint": name, "val_bleu_beam5": round(val_bleu(path, data, 5), 2)})
+        print(table[-1], flush=True)
+    best = max(table, key=lambda r: r["val_bleu_beam5"])
+    return candidates[best["checkpoint"]], table
+
+
+def choose_decoding(path: Path, data: Path) -> tuple[int, float, list[dict]]:
+    """Beam size and GNMT length penalty, chosen on val."""
+    table = []
+    for beam, lp in ((5, 0.6), (5, 1.0), (5, 1.4), (5, 1.8), (5, 2.2), (8, 1.4), (3, 1.4)):
+        table.append({"beam": beam, "length_penalty": lp, "val_bleu": round(val_bleu(path, data, beam, lp), 2)})
+        print(table[-1], flush=True)
+    best = max(table, key=lambda r: r["val_bleu"])
+    return best["beam"], best["length_penalty"], table
+
+
+def nanomt_evaluate(path: Path, data: Path, split: str = "test2016", int8: bool = False) -> dict:
+    """`nanomt evaluate --json` on a split: the number in the results."""
+    cmd = [
+        *NANOMT,
+        "evaluate",
+        str(path),
+        "--src",
+        str(data / f"{split}.de"),
+        "--ref",
+        str(data / f"{split}.en"),
+        "--json",
+        *(["--int8"] if int8 else []),
+    ]
+    print("$", " ".join(cmd), flush=True)
+    return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)

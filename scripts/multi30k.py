@@ -21,7 +21,6 @@ import argparse
 import dataclasses
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,22 +29,24 @@ import torch
 
 from nanomt.core import checkpoint as ckpt
 from nanomt.core.config import load_config
-from nanomt.decoding.translate import Translator
 from nanomt.plots import plot_curves
-from nanomt.training.evaluate import evaluate
 from nanomt.training.metrics_log import read_metrics
 from scripts.common import (
     DEFAULT_CONFIG,
     DEFAULT_DATA,
-    NANOMT,
     RECIPE_RESULTS,
     ROOT,
+    choose_checkpoint,
+    choose_decoding,
     data_overrides,
     machine,
+    nanomt_evaluate,
     relative_paths,
     run_training,
     shown,
     training_summary,
+    val_bleu,
+    with_decoding,
 )
 
 DATA_FILES = ("train.de", "train.en", "val.de", "val.en", "test2016.de", "test2016.en")
@@ -67,67 +68,6 @@ def baselines(path: Path = BASELINES) -> dict:
     except (OSError, ValueError, KeyError, TypeError) as e:
         reason = f"no {e}" if isinstance(e, KeyError) else str(e).splitlines()[0]
         sys.exit(f"multi30k.py: error: cannot read the baselines' test2016 figures from {shown(path)}: {reason}")
-
-
-def with_decoding(src: Path, out: Path, beam: int, length_penalty: float) -> Path:
-    """A complete checkpoint dir at `out` whose config carries the chosen decoding settings."""
-    config_path, tokenizer_dir = ckpt.find_run_files(src)
-    cfg = load_config(config_path)
-    cfg = dataclasses.replace(
-        cfg, decode=dataclasses.replace(cfg.decode, beam_size=beam, length_penalty=length_penalty)
-    )
-    state = ckpt.read_weights(src / ckpt.WEIGHTS)
-    return ckpt.write_checkpoint_dir(out, cfg, tokenizer_dir, state)
-
-
-def val_bleu(path: Path, data: Path, beam: int, length_penalty: float | None = None) -> float:
-    """BLEU of a checkpoint on val, the only split used for choices."""
-    kwargs = {} if length_penalty is None else {"length_penalty": length_penalty}
-    translator = Translator.from_checkpoint(path)
-    report = evaluate(translator, data / "val.de", data / "val.en", beam_size=beam, **kwargs)
-    return report["bleu"]
-
-
-def choose_checkpoint(run_dir: Path, data: Path, work: Path) -> tuple[Path, list[dict]]:
-    """Best-BLEU weights, the last step, and averages of the last N checkpoints, compared on val with beam 5."""
-    steps = ckpt.step_dirs(run_dir)
-    candidates = {"best_valid_bleu": run_dir, "last": steps[-1][1]}
-    for n in (4, 8, 12):
-        if len(steps) >= n:
-            candidates[f"average_last_{n}"] = ckpt.average_checkpoints([p for _, p in steps[-n:]], work / f"avg{n}")
-    table = []
-    for name, path in candidates.items():
-        table.append({"checkpoint": name, "val_bleu_beam5": round(val_bleu(path, data, 5), 2)})
-        print(table[-1], flush=True)
-    best = max(table, key=lambda r: r["val_bleu_beam5"])
-    return candidates[best["checkpoint"]], table
-
-
-def choose_decoding(path: Path, data: Path) -> tuple[int, float, list[dict]]:
-    """Beam size and GNMT length penalty, chosen on val."""
-    table = []
-    for beam, lp in ((5, 0.6), (5, 1.0), (5, 1.4), (5, 1.8), (5, 2.2), (8, 1.4), (3, 1.4)):
-        table.append({"beam": beam, "length_penalty": lp, "val_bleu": round(val_bleu(path, data, beam, lp), 2)})
-        print(table[-1], flush=True)
-    best = max(table, key=lambda r: r["val_bleu"])
-    return best["beam"], best["length_penalty"], table
-
-
-def nanomt_evaluate(path: Path, data: Path, split: str = "test2016", int8: bool = False) -> dict:
-    """`nanomt evaluate --json` on a split: the number in the results."""
-    cmd = [
-        *NANOMT,
-        "evaluate",
-        str(path),
-        "--src",
-        str(data / f"{split}.de"),
-        "--ref",
-        str(data / f"{split}.en"),
-        "--json",
-        *(["--int8"] if int8 else []),
-    ]
-    print("$", " ".join(cmd), flush=True)
-    return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
 
 
 def checkpoint_at_minutes(run_dir: Path, minutes: float) -> tuple[int, Path] | None:

@@ -16,6 +16,7 @@ from nanomt.documents import formats
 from nanomt.serve.settings import ServeConfig
 
 BUFFER_SIZE = 10_000  # lines a chunk: the default of `nanomt translate --buffer-size`
+DISTILL_BUFFER = 2_000  # `nanomt distill --buffer-size`: each chunk is flushed to disk before the next
 FILE_FORMATS = formats.NAMES  # `nanomt translate --format`: the one table of formats (standard library only)
 
 ENSEMBLE_HELP = (
@@ -137,6 +138,79 @@ def add_train(sub) -> None:
         "--init-from", metavar="CHECKPOINT", help="start from this checkpoint's model and weights (train.init_from)"
     )
     command(s, "training:train")
+
+
+def add_distill(sub) -> None:
+    """`nanomt distill`."""
+    s = sub.add_parser(
+        "distill",
+        help="train a student on a teacher's translations of source text (sequence-level knowledge distillation): "
+        "the translations are cached in the student's run and every stage resumes",
+    )
+    s.add_argument(
+        "teachers",
+        nargs="+",
+        metavar="TEACHER",
+        help="the teacher: a run or checkpoint (an imported opus-mt model too), or several: an ensemble",
+    )
+    s.add_argument(
+        "--src",
+        nargs="+",
+        required=True,
+        metavar="FILE",
+        help="source text to translate and learn from, one sentence a line (the training corpus's source "
+        "side, or text of the domain)",
+    )
+    s.add_argument("--run-dir", required=True, help="the student's run directory; re-running resumes")
+    shape = s.add_mutually_exclusive_group()
+    shape.add_argument(
+        "--student",
+        choices=("fast", "same"),
+        help="fast (the default): the teacher's model with a 1-layer decoder and a 6-layer encoder (the teacher's "
+        "if deeper); same: the teacher's shape",
+    )
+    shape.add_argument("--config", help="a YAML config for the student (its tokenizer is the teacher's)")
+    s.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override a student config key")
+    s.add_argument(
+        "--pairs",
+        nargs=2,
+        action="append",
+        default=[],
+        metavar=("SRC", "TGT"),
+        help="original parallel data mixed in with the teacher's translations (repeatable)",
+    )
+    s.add_argument(
+        "--pairs-weight",
+        type=float,
+        default=1.0,
+        metavar="W",
+        help="how often a sentence of --pairs is drawn against one of the translations (default 1)",
+    )
+    s.add_argument(
+        "--valid",
+        nargs=2,
+        metavar=("SRC", "TGT"),
+        help="validation pairs (default: the teacher's, where its files are here)",
+    )
+    s.add_argument(
+        "--init",
+        choices=("all", "encoder", "embeddings", "none"),
+        default="all",
+        help="what the student starts from: the teacher's tensors of the same name and shape (all), its "
+        "embeddings and encoder, its embeddings, or nothing (default all)",
+    )
+    add_decoding_flags(s, skip=("n_best",))  # how the teacher translates; its checkpoint's settings by default
+    s.add_argument("--device", default="cpu", help=DEVICE_HELP + " (the teacher's translating)")
+    s.add_argument("--int8", action="store_true", help="the teacher translates with int8 linear layers (CPU)")
+    s.add_argument(
+        "--buffer-size",
+        type=int,
+        default=DISTILL_BUFFER,
+        metavar="N",
+        help="lines sorted, translated and written at a time: the most a killed distill translates again "
+        f"(default {DISTILL_BUFFER:,})",
+    )
+    command(s, "training:distill")
 
 
 def add_translate(sub) -> None:
@@ -374,6 +448,7 @@ def add_memory(sub) -> None:
 
 COMMANDS = (
     add_train,
+    add_distill,
     add_translate,
     add_evaluate,
     add_calibrate,

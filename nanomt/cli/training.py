@@ -1,4 +1,4 @@
-"""`nanomt train`, `nanomt average` and `nanomt synth`: runs, checkpoints and the toy corpus."""
+"""`nanomt train`, `nanomt distill`, `nanomt average` and `nanomt synth`: runs, checkpoints and the toy corpus."""
 
 from __future__ import annotations
 
@@ -14,6 +14,36 @@ def train(args: argparse.Namespace) -> None:
 
     overrides = [*(args.set or []), *([f"train.init_from={args.init_from}"] if args.init_from else [])]
     run_dir = train_from_file(args.config, args.run_dir, overrides)
+    print(f"run directory: {run_dir}")
+
+
+def distill(args: argparse.Namespace) -> None:
+    """`nanomt distill`: the teacher's decoding is its checkpoint's with the flags changed, checked before loading."""
+    from nanomt.cli.models import check_device, checkpoint_decoding, decoding_flags
+
+    check_device(args.device)
+    if args.buffer_size < 1:
+        raise ValueError(f"--buffer-size must be >= 1, got {args.buffer_size}")
+    decoding = checkpoint_decoding(args.teachers[0]).replace(**decoding_flags(args))
+    with no_collection_while_loading():
+        from nanomt.training.distill import distill as run
+
+    run_dir = run(
+        args.teachers,
+        args.src,
+        args.run_dir,
+        args.buffer_size,
+        student=args.student,
+        config=Path(args.config) if args.config else None,
+        overrides=args.set or [],
+        pairs=[tuple(p) for p in args.pairs],
+        pairs_weight=args.pairs_weight,
+        valid=tuple(args.valid) if args.valid else None,
+        decoding=decoding,
+        int8=args.int8,
+        device=args.device,
+        init=args.init,
+    )
     print(f"run directory: {run_dir}")
 
 

@@ -29,7 +29,7 @@ from nanomt.decoding.translate import Translator
 from nanomt.training.data import Batch, Corpus, collate, pack
 from nanomt.training.errors import TrainingError
 from nanomt.training.evaluate import calibrate_run
-from nanomt.training.metrics import bleu
+from nanomt.training.metrics import COLLAPSED_BELOW, bleu, source_dependence
 from nanomt.training.metrics_log import MetricsLog, Window
 from nanomt.training.prepare import TrainData, prepare_data
 from nanomt.training.ranks import lost_ranks_fail_clearly, rank0_value, sigint_requests_stop
@@ -281,6 +281,7 @@ def evaluate(model: Transformer, data: TrainData, cfg: Config, rt: Runtime) -> d
             dist.gather_object(hyps, parts, dst=0, group=rt.host_group)
             hyps = [parts[i % rt.world][i // rt.world] for i in range(len(srcs))] if rt.is_main else []
         row["valid_bleu"] = bleu(hyps, refs) if rt.is_main else 0.0
+        row["valid_distinct"] = round(source_dependence(srcs, hyps), 4) if rt.is_main else 0.0
     model.train()
     return row if rt.is_main else None
 
@@ -463,6 +464,14 @@ def evaluate_and_keep_best(run: Run, state: TrainState) -> None:
     keep_best(run.model, row, state, run.run_dir)
     bleu_text = f", valid BLEU {row['valid_bleu']:.2f}" if "valid_bleu" in row else ""
     log.info("step %d: valid loss %.3f%s", state.step, row["valid_loss"], bleu_text)
+    if row.get("valid_distinct", 1.0) < COLLAPSED_BELOW:
+        log.warning(
+            "step %d: the validation translations hardly depend on the source (%.0f%% as many distinct translations "
+            "as sources): the decoder may be ignoring the encoder. Early in training that is normal; later, see "
+            "docs/distill.md (a one-layer post-norm decoder collapses so)",
+            state.step,
+            100 * row["valid_distinct"],
+        )
 
 
 def save(run: Run, state: TrainState) -> None:
