@@ -174,3 +174,19 @@ def test_a_killed_distill_resumes_without_translating_a_line_twice(teacher, stud
     whole = Translator.from_checkpoint(teacher).translate(lines)
     assert out.read_text(encoding="utf-8").splitlines() == [" ".join(h.split()) for h in whole]
     assert json.loads((run / "distill" / "manifest.json").read_text())["int8"] is False
+
+
+def test_the_student_is_served_like_any_run(student, toy_corpus):
+    """`nanomt serve STUDENT`'s app: /translate gives the student's own translation."""
+    pytest.importorskip("fastapi")
+    pytest.importorskip("httpx")
+    from fastapi.testclient import TestClient
+
+    from nanomt.serve import create_app
+
+    translator = Translator.from_checkpoint(student)
+    sentence = toy_corpus["test.src"].read_text(encoding="utf-8").splitlines()[0]
+    with TestClient(create_app(translator)) as c:
+        r = c.post("/translate", json={"text": sentence})
+    assert r.status_code == 200, r.text
+    assert r.json()["translations"] == translator.translate([sentence])
