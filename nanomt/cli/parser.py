@@ -194,10 +194,10 @@ def add_distill(sub) -> None:
     )
     s.add_argument(
         "--init",
-        choices=("all", "encoder", "embeddings", "none"),
-        default="all",
-        help="what the student starts from: the teacher's tensors of the same name and shape (all), its "
-        "embeddings and encoder, its embeddings, or nothing (default all)",
+        choices=("teacher", "none"),
+        default="teacher",
+        help="the student's first weights: the teacher's tensors wherever the student has one of the same name and "
+        "shape (teacher, the default), or drawn from train.seed alone (none)",
     )
     add_decoding_flags(s, skip=("n_best",))  # how the teacher translates; its checkpoint's settings by default
     s.add_argument("--device", default="cpu", help=DEVICE_HELP + " (the teacher's translating)")

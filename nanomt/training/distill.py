@@ -8,7 +8,7 @@
    the sources and their translations (and, if given, original pairs weighted as fine-tuning's corpora are), its
    tokenizer the teacher's.
 3. The student's first weights (run_dir/distill/init): every teacher tensor whose name and shape the student shares
-   (INIT_PARTS narrows it), the rest drawn from train.seed.
+   (none with init="none"), the rest drawn from train.seed.
 4. Training in run_dir, from those weights: the result is a run like any other (translate, evaluate, serve, export).
 Every stage resumes: a killed distill started again finishes the translations it lacks and resumes training.
 """
@@ -56,13 +56,6 @@ def student_shape(preset: str, teacher: ModelConfig) -> dict:
     return {"n_encoder_layers": max(teacher.n_encoder_layers, FAST_ENCODER_LAYERS), "n_decoder_layers": 1}
 
 
-# What of the teacher the student starts from (--init): tensors whose names begin so, where their shapes match.
-INIT_PARTS: dict[str, tuple[str, ...]] = {
-    "all": ("",),
-    "encoder": ("src_embed.", "tgt_embed.", "encoder"),  # its layers and its final norm
-    "embeddings": ("src_embed.", "tgt_embed."),
-    "none": (),
-}
 DISTILL_DIR = "distill"
 
 
@@ -137,22 +130,16 @@ def student_config(
         raise TrainingError(f"the student cannot use the teacher's tokenizer: {e}") from None
 
 
-def init_student(teacher: Path, cfg: Config, out: Path, parts: str = "all") -> Path:
-    """A checkpoint of the untrained student at `out`: the teacher's tensors named with INIT_PARTS[parts] where the
-    student has them in the same shape, the others drawn from train.seed as training draws them."""
+def init_student(teacher: Path, cfg: Config, out: Path, from_teacher: bool = True) -> Path:
+    """A checkpoint of the untrained student at `out`: the teacher's tensors where the student has them under the
+    same name in the same shape (unless not `from_teacher`), the others drawn from train.seed as training draws them."""
     torch.manual_seed(cfg.train.seed)
     model = Transformer(cfg.model)
     own = model.state_dict()
     theirs = ckpt.read_weights(ckpt.checkpoint_weights(teacher))
-    prefixes = INIT_PARTS[parts]
-    taken = {
-        name: tensor
-        for name, tensor in theirs.items()
-        if name in own and own[name].shape == tensor.shape and name.startswith(prefixes)
-    }
+    taken = {name: t for name, t in theirs.items() if from_teacher and name in own and own[name].shape == t.shape}
     model.load_state_dict(taken, strict=False)  # a tied tensor's aliases share the storage filled here
-    log.info("the student starts from %d of its %d tensors in the teacher's (--init %s)", len(taken),
-             len(ckpt.model_state(model)), parts)  # fmt: skip
+    log.info("the student starts from %d of its %d tensors in the teacher's", len(taken), len(ckpt.model_state(model)))
     return ckpt.write_checkpoint_dir(out, cfg, ckpt.find_run_files(teacher)[1], ckpt.model_state(model))
 
 
@@ -170,7 +157,7 @@ def distill(
     decoding: Decoding | None = None,
     int8: bool = False,
     device: str = "cpu",
-    init: str = "all",
+    init: str = "teacher",
 ) -> Path:
     """Translate `sources` with the teachers, `buffer_size` lines at a time (decoding: the first's decode section
     where None), then train the student in run_dir on them; returns run_dir. Started again, it goes on where it
@@ -192,6 +179,6 @@ def distill(
     teacher_translations(teachers, sources, out_dir, buffer_size, decoding, int8, device)
     init_dir = out_dir / "init"
     if not ckpt.step_dirs(run_dir) and not (init_dir / ckpt.WEIGHTS).is_file():
-        init_student(teachers[0], cfg, init_dir, init)
+        init_student(teachers[0], cfg, init_dir, from_teacher=init == "teacher")
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, init_from=str(init_dir)))
     return train(cfg, run_dir)

@@ -84,14 +84,30 @@ def test_student_is_a_run_with_the_preset_shape_and_the_teacher_s_tokenizer(teac
 
 
 def test_student_starts_from_the_teacher_s_tensors_where_shapes_match(teacher, student):
-    """--init all: every tensor the teacher has under the same name and shape (embeddings, its two encoder layers,
-    the first decoder layer) is the teacher's in the student's first weights; the others are new."""
+    """--init teacher (the default): every tensor the teacher has under the same name and shape (embeddings, its
+    two encoder layers, the first decoder layer) is the teacher's in the student's first weights; the others are
+    new."""
     theirs, init = read_weights(teacher / WEIGHTS), read_weights(student / "distill" / "init" / WEIGHTS)
     shared = [name for name in init if name in theirs and theirs[name].shape == init[name].shape]
     assert any(n.startswith("encoder.1.") for n in shared) and any(n.startswith("decoder.0.") for n in shared)
     for name in shared:
         assert torch.equal(init[name], theirs[name]), name
     assert any(n.startswith("encoder.5.") for n in init) and not any(n.startswith("encoder.5.") for n in theirs)
+
+
+def test_init_none_starts_from_the_seed_alone(teacher, source, student, tmp_path):
+    """--init none: no tensor of the student's first weights is the teacher's (the cached translations reused)."""
+    import shutil
+
+    run = tmp_path / "scratch"
+    shutil.copytree(student / "distill", run / "distill", ignore=shutil.ignore_patterns("init"))
+    out = run_nanomt(
+        "distill", teacher, "--src", source, "--run-dir", run, "--init", "none", *STUDENT_BUDGET, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    theirs, init = read_weights(teacher / WEIGHTS), read_weights(run / "distill" / "init" / WEIGHTS)
+    shared = [name for name in init if name in theirs and theirs[name].shape == init[name].shape]
+    assert shared and not any(torch.equal(init[n], theirs[n]) for n in shared if theirs[n].std() > 0)
 
 
 def test_a_cache_made_otherwise_is_refused(teacher, source, student, tmp_path):
