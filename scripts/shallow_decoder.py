@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections import Counter
 from pathlib import Path
 
 from nanomt.decoding.translate import Translator
@@ -46,13 +47,10 @@ DISTINCT_SOURCES = 500
 
 
 def distinct_outputs(run_dir: Path, src: Path) -> dict:
-    """How many of the first DISTINCT_SOURCES validation sources get a translation no other source got."""
+    """How many distinct translations the first DISTINCT_SOURCES validation sources get, and the most frequent."""
     lines = src.read_text(encoding="utf-8").splitlines()[:DISTINCT_SOURCES]
-    hyps = Translator.from_checkpoint(run_dir).translate(lines, beam_size=1)
-    counts: dict[str, int] = {}
-    for h in hyps:
-        counts[h] = counts.get(h, 0) + 1
-    top, n = max(counts.items(), key=lambda kv: kv[1])
+    counts = Counter(Translator.from_checkpoint(run_dir).translate(lines, beam_size=1))
+    [(top, n)] = counts.most_common(1)
     return {"sources": len(lines), "distinct": len(counts), "most_frequent": top, "most_frequent_count": n}
 
 

@@ -59,16 +59,14 @@ def student_shape(preset: str, teacher: ModelConfig) -> dict:
 DISTILL_DIR = "distill"
 
 
-def check_tokenizers(teachers: list[Path]) -> Path:
-    """The tokenizer folder the teachers share (an ensemble's members and the student must read the same ids)."""
-    dirs = [ckpt.find_run_files(t)[1] for t in teachers]
-    prints = [Tokenizer.load(d).fingerprint() for d in dirs]
+def check_tokenizers(teachers: list[Path]) -> None:
+    """Refuse teachers that do not share a tokenizer (an ensemble's members and the student read the same ids)."""
+    prints = [Tokenizer.load(ckpt.find_run_files(t)[1]).fingerprint() for t in teachers]
     for teacher, fp in zip(teachers[1:], prints[1:]):
         if fp != prints[0]:
             raise TrainingError(
                 f"{teacher}: its tokenizer differs from {teachers[0]}'s; the teachers of one student share a tokenizer"
             )
-    return dirs[0]
 
 
 def base_raw(teacher_cfg: Config, student: str | None, config: Path | None) -> dict:

@@ -21,6 +21,7 @@ from pathlib import Path
 from nanomt.core.checkpoint import checkpoint_weights, file_sha256, find_run_files
 from nanomt.core.config import load_config
 from nanomt.core.decoding import Decoding
+from nanomt.core.settings import default_of
 from nanomt.decoding.translate import Translator
 from nanomt.training.data import file_lines
 from nanomt.training.errors import TrainingError
@@ -66,16 +67,22 @@ def check_manifest(out_dir: Path, wanted: dict) -> None:
             )
 
 
-def complete_lines(path: Path) -> int:
-    """The complete lines of a translations file, cut back to the last newline (a kill mid-write leaves a part)."""
+def complete_lines(path: Path, block: int = 1 << 20) -> int:
+    """The complete lines of a translations file, cut back to the last newline (a kill mid-write leaves a part);
+    read a block at a time, as the file may hold millions of lines."""
     if not path.is_file():
         return 0
-    data = path.read_bytes()
-    end = data.rfind(b"\n") + 1
-    if end != len(data):
-        with open(path, "r+b") as f:
+    lines = end = offset = 0
+    with open(path, "r+b") as f:
+        while data := f.read(block):
+            lines += data.count(b"\n")
+            last = data.rfind(b"\n")
+            if last >= 0:
+                end = offset + last + 1
+            offset += len(data)
+        if end != offset:
             f.truncate(end)
-    return data.count(b"\n", 0, end)
+    return lines
 
 
 def chunks(source: Path, start: int, size: int) -> Iterator[list[str]]:
@@ -85,14 +92,15 @@ def chunks(source: Path, start: int, size: int) -> Iterator[list[str]]:
         yield chunk
 
 
-def translate_file(translator: Translator, decoding: Decoding, source: Path, out: Path, chunk_lines: int) -> int:
-    """Translate `source` into `out` a line each, from where an earlier process stopped; returns the lines it
-    translated now (0: all were there)."""
-    done = complete_lines(out)
+def translate_file(
+    translator: Translator, decoding: Decoding, source: Path, out: Path, pending: Iterator[list[str]], done: int
+) -> int:
+    """Translate the `pending` chunks of `source` into `out`, a line each, after the `done` lines an earlier process
+    wrote there; returns the lines it translated now."""
     total = done
     start = time.perf_counter()
     with open(out, "a", encoding="utf-8") as f:
-        for chunk in chunks(source, done, chunk_lines):
+        for chunk in pending:
             hyps = translator.translate(chunk, decoding=decoding)
             f.write("".join(" ".join(h.split()) + "\n" for h in hyps))  # one line each, whatever the model wrote
             f.flush()
@@ -126,20 +134,19 @@ def teacher_translations(
     check_manifest(out_dir, manifest(teachers, sources, decoding, int8))
     outs = [translations_path(out_dir, i, s) for i, s in enumerate(sources)]
     for source, out in zip(sources, outs):
-        if complete_lines(out) == sum(1 for _ in file_lines(source)):
+        done = complete_lines(out)
+        pending = chunks(source, done, chunk_lines)
+        first = next(pending, None)
+        if first is None:  # every line translated already
             continue
         if translator is None:  # loaded only when something is left to translate
             translator = Translator.from_checkpoints(teachers, device=device, int8=int8)
         log.info("translating %s with %s (%s)", source, ", ".join(map(str, teachers)), describe(decoding))
-        translate_file(translator, decoding, source, out, chunk_lines)
+        translate_file(translator, decoding, source, out, itertools.chain([first], pending), done)
     return outs
 
 
 def describe(decoding: Decoding) -> str:
     """The decoding settings that differ from the defaults, for the log."""
-    changed = {
-        f.name: getattr(decoding, f.name)
-        for f in dataclasses.fields(decoding)
-        if getattr(decoding, f.name) != f.default and f.default is not dataclasses.MISSING
-    }
-    return ", ".join(f"{k} {v}" for k, v in changed.items()) or "default decoding"
+    values = ((f.name, getattr(decoding, f.name), default_of(f)) for f in dataclasses.fields(decoding))
+    return ", ".join(f"{name} {value}" for name, value, default in values if value != default) or "default decoding"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -97,8 +98,6 @@ def test_student_starts_from_the_teacher_s_tensors_where_shapes_match(teacher, s
 
 def test_init_none_starts_from_the_seed_alone(teacher, source, student, tmp_path):
     """--init none: no tensor of the student's first weights is the teacher's (the cached translations reused)."""
-    import shutil
-
     run = tmp_path / "scratch"
     shutil.copytree(student / "distill", run / "distill", ignore=shutil.ignore_patterns("init"))
     out = run_nanomt(
@@ -140,8 +139,6 @@ def test_teachers_that_cannot_share_a_tokenizer_are_refused(toy_corpus, trained,
 def test_original_pairs_are_mixed_in_with_their_weight(toy_corpus, teacher, source, student, tmp_path):
     """--pairs SRC TGT --pairs-weight W: a corpus of the student's config beside the translations; the translations
     cached in the first run's folder are not made again (a copy of it: nothing translated)."""
-    import shutil
-
     run = tmp_path / "mixed"
     shutil.copytree(student / "distill", run / "distill")
     pairs = ["--pairs", toy_corpus["valid.src"], toy_corpus["valid.tgt"], "--pairs-weight", "0.5"]
