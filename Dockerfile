@@ -12,7 +12,7 @@ COPY constraints.txt ./
 RUN pip install --no-cache-dir -c constraints.txt --index-url https://download.pytorch.org/whl/cpu torch
 COPY pyproject.toml README.md ./
 COPY nanomt ./nanomt
-# files: /translate_file and nanomt translate --format take .docx, .srt and Markdown files too.
+# files: /translate_file and nanomt translate --format take every format of docs/files.md (office files, EPUB, PDF).
 RUN pip install --no-cache-dir -c constraints.txt ".[serve,files]"
 
 FROM python:3.11-slim

@@ -346,6 +346,11 @@ def add_synth(sub) -> None:
     s.add_argument("out_dir", help="directory for train|valid|test.src|tgt")
     s.add_argument("--pairs", type=int, default=20000, help="training pairs (valid and test have 500 each)")
     s.add_argument("--seed", type=int, default=0, help="random seed: the same seed writes the same files")
+    s.add_argument(
+        "--multilingual",
+        action="store_true",
+        help="three toy languages (xa, xb, xc) in all six directions, --pairs each: train.xa-xb.xa, ...",
+    )
     command(s, "training:synth")
 
 
@@ -394,9 +399,14 @@ def add_export(sub) -> None:
 def add_demo(sub) -> None:
     """`nanomt demo`."""
     s = sub.add_parser("demo", help="train on the toy language pair and show translations and attention")
-    s.add_argument("--out", default="runs/demo", help="where the data, run and pictures go")
-    s.add_argument("--steps", type=int, default=None, help="training steps (default: configs/demo.yaml)")
-    s.add_argument("--pairs", type=int, default=None, help="training pairs (default: the demo's)")
+    s.add_argument("--out", help="where the data, run and pictures go (default: runs/demo, runs/demo_multilingual)")
+    s.add_argument("--steps", type=int, default=None, help="training steps (default: configs/demo.yaml's)")
+    s.add_argument("--pairs", type=int, default=None, help="training pairs (of each direction with --multilingual)")
+    s.add_argument(
+        "--multilingual",
+        action="store_true",
+        help="one model for three toy languages in all six directions, asked for each by its >>code<< token",
+    )
     command(s, "demo:demo")
 
 

@@ -63,8 +63,13 @@ def average(args: argparse.Namespace) -> None:
 
 
 def synth(args: argparse.Namespace) -> None:
-    from nanomt.training.synthetic import write_corpus
+    from nanomt.training.synthetic import write_corpus, write_multilingual_corpus
 
+    if args.multilingual:
+        paths = write_multilingual_corpus(args.out_dir, pairs_per_direction=args.pairs, seed=args.seed)
+        directions = sorted({name.split(".")[1] for name in paths})
+        print(f"{len(directions)} directions ({', '.join(directions)}) in {args.out_dir}: train.xa-xb.xa, ...")
+        return
     paths = write_corpus(args.out_dir, pairs=args.pairs, seed=args.seed)
     for split in ("train", "valid", "test"):
         src, tgt = paths[f"{split}.src"], paths[f"{split}.tgt"]

@@ -178,11 +178,27 @@ def write_confident(out: TextIO, translator, args, decoding, lines: list[str], p
 
 
 def translate_file(args: argparse.Namespace, translator, decoding) -> None:
-    """--format: the whole input read as one document, written in the same format (formatting kept)."""
+    """--format: the whole input read as one document, written in the same format (formatting kept), its language
+    tags set to the run's target language where its config names a pair; the sentences done shown on stderr when
+    it is a terminal."""
+    from nanomt.core.languages import language_pair
     from nanomt.documents import translation as dt
 
     data = Path(args.input).read_bytes() if args.input else sys.stdin.buffer.read()
     align, n_best, source = dt.for_translator(translator, decoding, args.max_tokens)
-    translated = dt.document_file(data, args.format, align, n_best, source)
+    pair = language_pair(translator.cfg.data)
+    target = pair[1] if pair else None
+    shown = sys.stderr.isatty()
+    progress = _progress(shown)
+
+    def heard(done: int, total: int) -> None:
+        progress.total = total
+        progress.update(done - progress.n)
+
+    try:
+        heard_by = heard if shown else None  # piped: the document in one call, as it always was
+        translated = dt.document_file(data, args.format, align, n_best, source, target=target, progress=heard_by)
+    finally:
+        progress.close()
     with output(args.output, binary=True) as out:
         out.write(translated)

@@ -13,6 +13,7 @@ from typing import Any, Literal, NamedTuple
 import yaml
 
 from nanomt.core.decoding import MAX_TOKENS, Decoding
+from nanomt.core.languages import TOKEN_CODE
 from nanomt.core.settings import check_bounds, fields_at, setting
 
 ACTIVATIONS = ("relu", "gelu", "swish")
@@ -151,10 +152,15 @@ class CorpusConfig(SplitConfig):
     # Relative: an epoch holds as many pairs as all the corpora, corpus i's share of them w_i / sum(w). A small
     # in-domain corpus with the weight of a large generic one is seen several times an epoch, the other in part.
     weight: float = 1.0
+    # A multilingual model's corpus: the code of the language its targets are in. Its sources start with the
+    # token >>code<< (Johnson et al., 2017; Marian's multilingual opus-mt), which asks for that language.
+    tgt_lang: str | None = None
 
     def __post_init__(self):
         if not (self.weight > 0 and math.isfinite(self.weight)):
             raise ValueError(f"weight must be a positive number, got {self.weight}")
+        if self.tgt_lang is not None and not TOKEN_CODE.fullmatch(self.tgt_lang):
+            raise ValueError(f"tgt_lang {self.tgt_lang!r}: a code of letters, digits, _ and - (as fra or pt_br)")
 
 
 @dataclass(frozen=True)
@@ -177,9 +183,10 @@ class HFDataConfig:
 class DataConfig:
     """Where the corpus is and how it is tokenized and filtered."""
 
-    # One corpus, or a list of corpora mixed by weight (CorpusConfig), e.g. generic and in-domain data.
+    # One corpus, or a list of corpora mixed by weight (CorpusConfig), e.g. generic and in-domain data; a
+    # multilingual model's corpora each name their tgt_lang, and so do its validation sets (a list, one a pair).
     train: SplitConfig | tuple[CorpusConfig, ...] = field(default_factory=SplitConfig)
-    valid: SplitConfig = field(default_factory=SplitConfig)
+    valid: SplitConfig | tuple[CorpusConfig, ...] = field(default_factory=SplitConfig)
     test: SplitConfig = field(default_factory=SplitConfig)
     hf: HFDataConfig | None = None
     tokenizer: Literal["bpe", "unigram"] = "bpe"
@@ -194,10 +201,21 @@ class DataConfig:
     # BPE-dropout (Provilkov et al., 2020): every epoch re-tokenizes the training pairs, skipping each merge
     # with this probability, so the model sees many segmentations of a word. 0 = off (one fixed tokenization).
     bpe_dropout: float = 0.0
+    # Temperature sampling of the corpora (multilingual NMT, Arivazhagan et al., 2019): corpus i's share of an
+    # epoch is weight_i * pairs_i^(1/T), normalized: 1 samples in proportion to size, larger T evens the
+    # languages out (a small language is seen more often). None: by weight alone.
+    temperature: float | None = None
 
     def __post_init__(self):
         if isinstance(self.train, tuple) and not self.train:
             raise ValueError("train: an empty list of corpora")
+        if isinstance(self.valid, tuple) and not self.valid:
+            raise ValueError("valid: an empty list of corpora")
+        if self.temperature is not None and not (self.temperature > 0 and math.isfinite(self.temperature)):
+            raise ValueError(f"temperature must be a positive number, got {self.temperature}")
+        if self.temperature is not None and not isinstance(self.train, tuple):
+            raise ValueError("temperature samples a list of corpora: give train as a list")
+        self._check_languages()
         if isinstance(self.train, tuple) and self.hf is not None:
             raise ValueError("train as a list of corpora needs files, not hf")
         if not 0.0 <= self.bpe_dropout < 1.0:
@@ -206,6 +224,31 @@ class DataConfig:
             raise ValueError(f"tokenizer_sentences must be > 100, got {self.tokenizer_sentences}")
         if self.bpe_dropout and self.tokenizer != "bpe":
             raise ValueError(f"bpe_dropout needs tokenizer: bpe, not {self.tokenizer!r}")
+
+    @property
+    def target_languages(self) -> tuple[str, ...]:
+        """A multilingual model's target-language codes (its training corpora's tgt_lang), in order; () for others."""
+        corpora = self.train if isinstance(self.train, tuple) else ()
+        return tuple(dict.fromkeys(c.tgt_lang for c in corpora if c.tgt_lang is not None))
+
+    def _check_languages(self) -> None:
+        """Every corpus of a multilingual model names its target language, and its validation sets too."""
+        train = self.train if isinstance(self.train, tuple) else (self.train,)
+        named = [getattr(c, "tgt_lang", None) is not None for c in train]
+        if any(named) and not all(named):
+            raise ValueError(f"train[{named.index(False)}]: a multilingual model's corpora each name their tgt_lang")
+        valid = self.valid if isinstance(self.valid, tuple) else (self.valid,)
+        if not any(named):
+            if any(getattr(v, "tgt_lang", None) for v in valid):
+                raise ValueError("valid names a tgt_lang, but no training corpus does")
+            return
+        if self.valid != SplitConfig():
+            for i, v in enumerate(valid):
+                if getattr(v, "tgt_lang", None) not in self.target_languages:
+                    raise ValueError(
+                        f"valid[{i}]: a multilingual model's validation sets are a list, each with a tgt_lang "
+                        f"among the training corpora's ({', '.join(self.target_languages)})"
+                    )
 
 
 @dataclass(frozen=True)
@@ -318,6 +361,9 @@ class Config:
                 "model.restrict_output needs data.bpe_dropout: 0 (dropout segmentations use target ids that "
                 "the plain one never does)"
             )
+        if self.train.bidirectional_epochs and self.data.target_languages:
+            raise ValueError("train.bidirectional_epochs with corpora that name a tgt_lang: a reversed pair would "
+                             "ask for the language of its source")  # fmt: skip
         if self.train.bidirectional_epochs and not self.data.shared_vocab:
             raise ValueError(
                 "train.bidirectional_epochs needs data.shared_vocab: true (the reversed pairs feed target ids "

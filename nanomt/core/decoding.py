@@ -190,6 +190,19 @@ class Decoding:
         "built by nanomt shortlist): faster, at a small BLEU cost; off: the whole output",
         ct2="use_vmap",
     )
+    # A multilingual model's target language: its token (>>fra<<) starts every source row (Marian's multilingual
+    # opus-mt models, Johnson et al. 2017). A model of one target language takes none.
+    target_lang: str | None = setting(
+        None,
+        help="the language a multilingual model translates into, by its code (fra, as its >>fra<< token); "
+        "required by such a model, refused by any other",
+        metavar="CODE",
+        absent={
+            "config": "a multilingual model has no one target: each command or route names it",
+            "request": "a request's target language (LibreTranslate's target) picks the model and its code",
+            "ct2": "the export's translator takes the sentences as given: start each with its >>code<< token",
+        },
+    )
     # Keep each generated token's log-probability and the entropy of the distribution it was chosen from in the
     # hypotheses (greedy, sampling and beam search; what a confidence is estimated from). Off: nothing is kept.
     token_scores: bool = setting(

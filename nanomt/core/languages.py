@@ -1,4 +1,5 @@
-"""Language codes: the one pattern a code fits, the language a tag names, and the language pair of a run."""
+"""Language codes: the one pattern a code fits, the language a tag names, the languages nanomt names, and the
+language pair of a run."""
 
 from __future__ import annotations
 
@@ -18,9 +19,34 @@ PAIR_CODE = rf"{LANGUAGE}(?:_{SUBTAG})?"
 LANGUAGE_CODE = re.compile(CODE)
 # The language that starts a BCP 47 or POSIX locale tag: "de" in "de", "DE", "de-DE", "de_AT.UTF-8", "zh-Hans".
 _BASE = re.compile(rf"{LANGUAGE}(?=$|[-_.@])")
+# The code a config gives a multilingual corpus (tgt_lang), written in its target-language token: >>fra<<, >>pt_br<<.
+TOKEN_CODE = re.compile(r"[A-Za-z0-9_-]{1,16}")
 # Training files named train.src/train.tgt have these suffixes: they fit the pattern but name no language. A caller
 # that needs names for a run without a pair uses them (a server lists the toy pair as src-tgt).
 PLACEHOLDERS = ("src", "tgt")
+
+# The languages nanomt names: ISO 639-1 code, ISO 639-3 code (opus-mt's multilingual models write either in their
+# >>xx<< tokens), English name (LibreTranslate's /languages, the page).
+LANGUAGES = (
+    ("ar", "ara", "Arabic"), ("bg", "bul", "Bulgarian"), ("ca", "cat", "Catalan"), ("cs", "ces", "Czech"),
+    ("da", "dan", "Danish"), ("de", "deu", "German"), ("el", "ell", "Greek"), ("en", "eng", "English"),
+    ("es", "spa", "Spanish"), ("et", "est", "Estonian"), ("fi", "fin", "Finnish"), ("fr", "fra", "French"),
+    ("ga", "gle", "Irish"), ("gl", "glg", "Galician"), ("he", "heb", "Hebrew"), ("hi", "hin", "Hindi"),
+    ("hr", "hrv", "Croatian"), ("hu", "hun", "Hungarian"), ("id", "ind", "Indonesian"), ("it", "ita", "Italian"),
+    ("ja", "jpn", "Japanese"), ("ko", "kor", "Korean"), ("la", "lat", "Latin"), ("lt", "lit", "Lithuanian"),
+    ("lv", "lav", "Latvian"), ("nl", "nld", "Dutch"), ("no", "nor", "Norwegian"), ("pl", "pol", "Polish"),
+    ("pt", "por", "Portuguese"), ("ro", "ron", "Romanian"), ("ru", "rus", "Russian"), ("sk", "slk", "Slovak"),
+    ("sl", "slv", "Slovenian"), ("sv", "swe", "Swedish"), ("tr", "tur", "Turkish"), ("uk", "ukr", "Ukrainian"),
+    ("zh", "zho", "Chinese"),
+)  # fmt: skip
+LANGUAGE_NAMES = {short: name for short, _, name in LANGUAGES}
+_SHORT = {long: short for short, long, _ in LANGUAGES}
+
+
+def served_code(code: str) -> str:
+    """The code a server lists a language by, as LibreTranslate's clients ask for it: ISO 639-1 for a 639-3 code
+    nanomt names ('fra' -> 'fr'), else the code as it is ('fr', 'pt_br', 'fur')."""
+    return _SHORT.get(code.lower(), code)
 
 
 def is_code(text: str) -> bool:

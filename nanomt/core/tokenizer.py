@@ -21,6 +21,10 @@ SHARED_FILE, SRC_FILE, TGT_FILE = "spm.model", "src.model", "tgt.model"
 VOCAB_FILE, TGT_VOCAB_FILE = "vocab.json", "target_vocab.json"
 # The pieces an id table names its padding, unknown and end-of-sentence ids by.
 TABLE_SPECIALS = {"pad": "<pad>", "unk": "<unk>", "eos": "</s>"}
+# A multilingual model's target-language token (Marian's >>fra<<, Johnson et al. 2017's <2es>): one source piece
+# that starts the source and names the language to translate into.
+LANGUAGE_TOKEN = re.compile(r">>([^<>\s]+)<<")
+LANGUAGE_START = re.compile(r"\s*>>([^<>\s]+)<<")
 SEED = 1
 
 
@@ -55,6 +59,51 @@ class Tokenizer:
         self.pad_id, self.unk_id, self.eos_id = specials
         # A table has no <s>: the decoder starts from the id the model's config names (Marian: the pad id).
         self.bos_id = BOS_ID if table is None else None
+        pieces = table.pieces if table is not None else map(self._src.id_to_piece, range(self._src.get_piece_size()))
+        tokens = {m.group(1): i for i, p in enumerate(pieces) if (m := LANGUAGE_TOKEN.fullmatch(p))}
+        self.target_codes = tuple(tokens)  # the languages a multilingual model translates into, in vocabulary order
+        self._language_ids = tokens
+
+    def language_token(self, code: str | None) -> list[int]:
+        """The source ids that start a sentence to translate into `code` (fra or >>fra<<): one token for a
+        multilingual model, none for a model of one target language. ValueError, naming the codes the model has,
+        for a multilingual model without a code or with one it lacks, and for a code given to any other model."""
+        if code is not None:
+            code = m.group(1) if (m := LANGUAGE_TOKEN.fullmatch(code)) else code
+        if not self.target_codes:
+            if code is None:
+                return []
+            raise ValueError(f"target language {code!r}: this model translates into one language and takes no code")
+        if code in self._language_ids:
+            return [self._language_ids[code]]
+        what = "needs a target language" if code is None else f"has no target language {code!r}"
+        raise ValueError(f"this multilingual model {what}; its codes: {', '.join(self.target_codes)}")
+
+    def split_language(self, texts: list[str], code: str | None) -> tuple[list[list[int]], list[str]]:
+        """Each text's language-token ids and the text to encode: `code`'s token for every text where a code is
+        given; else, for a multilingual model, the >>code<< each text starts with (as Marian's users write them),
+        taken off the text. ValueError for a multilingual model's text with neither (a blank one needs none) or
+        with both, and for a code given to any other model."""
+        if not self.target_codes or code is not None:
+            tagged = next((i for i, t in enumerate(texts) if self._lead(t)[0]), None) if self.target_codes else None
+            if tagged is not None:
+                raise ValueError(f"text {tagged + 1} starts with its own language token: give the target language once")
+            return [self.language_token(code)] * len(texts), list(texts)
+        split = [self._lead(t) for t in texts]
+        if any(not lead and text.strip() for text, (lead, _) in zip(texts, split)):
+            self.language_token(None)  # the refusal that names the codes
+        return [lead for lead, _ in split], [rest for _, rest in split]
+
+    def _lead(self, text: str) -> tuple[list[int], str]:
+        """A text's leading language token (its id, where it names one of the model's targets) and the rest."""
+        m = LANGUAGE_START.match(text)
+        if m is None or m.group(1) not in self._language_ids:
+            return [], text
+        return [self._language_ids[m.group(1)]], text[m.end() :]
+
+    def _leads(self, texts: list[str]) -> tuple[list[list[int]], list[str]]:
+        leads = [self._lead(t) for t in texts]
+        return [lead for lead, _ in leads], [rest for _, rest in leads]
 
     def check_model_ids(self, cfg: ModelConfig) -> None:
         """The model's pad and end-of-sentence ids (and decoder-start id, where it has one) are the tokenizer's."""
@@ -80,7 +129,11 @@ class Tokenizer:
         """Source sentences to ids, without BOS/EOS; `dropout` > 0 samples a BPE-dropout segmentation."""
         if self._src_table is not None:
             return self._src_table.encode(self._src, texts, dropout)
-        return _encode(self._src, texts, dropout)
+        if not self.target_codes:
+            return _encode(self._src, texts, dropout)
+        # A multilingual model's training text starts with its >>code<<: one token, never SentencePiece's pieces.
+        leads, rests = self._leads(texts)
+        return [lead + ids for lead, ids in zip(leads, _encode(self._src, rests, dropout))]
 
     def encode_tgt(self, texts: list[str], dropout: float = 0.0) -> list[list[int]]:
         """Target sentences to ids, without BOS/EOS; `dropout` > 0 samples a BPE-dropout segmentation."""
@@ -94,9 +147,17 @@ class Tokenizer:
         sampler starts from the seed set (set_sampling_seed) before the first call."""
         sp = self._src if side == "src" else self._tgt
         pool = spm.ThreadPool(1)  # a new pool each call would restart the sampler from the seed
-        return lambda texts: sp.encode(
+        encode = lambda texts: sp.encode(  # noqa: E731
             list(texts), out_type=int, enable_sampling=True, alpha=dropout, num_threads=1, thread_pool=pool
         )
+        if side == "tgt" or not self.target_codes:
+            return encode
+
+        def tagged(texts: list[str]) -> list[list[int]]:
+            leads, rests = self._leads(list(texts))
+            return [lead + ids for lead, ids in zip(leads, encode(rests))]
+
+        return tagged
 
     def decode_src(self, ids: list[list[int]]) -> list[str]:
         """Source ids (without specials) to text."""
@@ -114,6 +175,10 @@ class Tokenizer:
 
     def src_piece_texts(self, texts: list[str]) -> list[list[str]]:
         """Each text's source pieces as strings, one per id of encode_src: a piece the vocabulary lacks is its text."""
+        if self._src_table is None and self.target_codes:
+            leads, rests = self._leads(texts)
+            pieces = _encode(self._src, rests, 0.0, out_type=str)
+            return [self.src_pieces(lead) + ps for lead, ps in zip(leads, pieces)]
         if self._src_table is None:
             return _encode(self._src, texts, 0.0, out_type=str)
         tags, rests = zip(*map(_split_tag, texts)) if texts else ((), ())
@@ -261,8 +326,9 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def _train_one(sentences: Iterator[str], cfg: DataConfig) -> bytes:
-    """Train one SentencePiece model and return its serialized bytes."""
+def _train_one(sentences: Iterator[str], cfg: DataConfig, symbols: tuple[str, ...] = ()) -> bytes:
+    """Train one SentencePiece model and return its serialized bytes; `symbols` are pieces of their own (a
+    multilingual model's >>code<< tokens)."""
     first = next(sentences, None)
     if first is None:
         raise ValueError("no sentences to train the tokenizer on")
@@ -285,6 +351,7 @@ def _train_one(sentences: Iterator[str], cfg: DataConfig) -> bytes:
             input_sentence_size=cfg.tokenizer_sentences,
             shuffle_input_sentence=True,
             num_threads=_threads(),
+            user_defined_symbols=list(symbols),
             minloglevel=2,
         )
     except RuntimeError as e:
@@ -301,11 +368,13 @@ def _train_one(sentences: Iterator[str], cfg: DataConfig) -> bytes:
 def train_tokenizer(
     src_sentences: Iterable[str], tgt_sentences: Iterable[str], out_dir: str | Path, cfg: DataConfig
 ) -> Tokenizer:
-    """Train SentencePiece on the corpus and write spm.model (shared) or src.model + tgt.model to out_dir."""
+    """Train SentencePiece on the corpus and write spm.model (shared) or src.model + tgt.model to out_dir; a
+    multilingual corpus' target-language tokens are source pieces of their own."""
+    tokens = tuple(f">>{code}<<" for code in cfg.target_languages)
     if cfg.shared_vocab:
-        tokenizer = Tokenizer(_train_one(_nonempty(itertools.chain(src_sentences, tgt_sentences)), cfg))
+        tokenizer = Tokenizer(_train_one(_nonempty(itertools.chain(src_sentences, tgt_sentences)), cfg, tokens))
     else:
-        src = _train_one(_nonempty(src_sentences), cfg)
+        src = _train_one(_nonempty(src_sentences), cfg, tokens)
         tokenizer = Tokenizer(src, _train_one(_nonempty(tgt_sentences), cfg))
     tokenizer.save(out_dir)
     return tokenizer

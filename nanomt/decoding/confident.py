@@ -74,7 +74,7 @@ def translate_confident(
     hyps = joined(rows, prepared.sentence_of, len(sentences))
     texts = [[text] for text in t.tokenizer.decode_tgt([h[0].tokens for h in hyps])]
     if replace_unknowns:
-        t.restore_unknowns(sentences, [h[:1] for h in hyps], texts)
+        t.restore_unknowns(sentences, [h[:1] for h in hyps], texts, decoding)
     read = token_scores(t, prepared.src, [h[0] for h in rows])  # per row; None: an empty one
     parts: list[list[int]] = [[] for _ in sentences]
     for k, i in enumerate(prepared.sentence_of):

@@ -33,20 +33,24 @@ class Prepared:
     phrases: list[list[list[int]]]  # per row, the glossary terms its translation must contain
     sentence_of: list[int]  # per row, the sentence it is (a piece of)
     cut: list[int]  # the sentences longer than the limit, decoded in pieces and joined: no input is ever cut off
+    lead: list[int]  # per row, how many of its first source ids are a target-language token (aligned to no word)
 
 
-def _rows(tokenizer: Tokenizer, cfg: Config, sentences: list[str]) -> tuple[list[str], list[list[int]], list[int]]:
-    """Row texts, their source ids (EOS not yet added) and their sentences: each long sentence in pieces."""
-    limit = src_limit(cfg)
+def _rows(
+    tokenizer: Tokenizer, cfg: Config, sentences: list[str], leads: list[list[int]]
+) -> tuple[list[str], list[list[int]], list[int]]:
+    """Row texts, their source ids (EOS not yet added, each sentence's `leads`, a target-language token, first)
+    and their sentences: each long sentence in pieces, each piece with its sentence's lead."""
     ids = tokenizer.encode_src(sentences)
     count = lambda texts: [len(x) for x in tokenizer.encode_src(texts)]  # noqa: E731
     texts, rows, owner = [], [], []
-    for i, (sentence, sentence_ids) in enumerate(zip(sentences, ids)):
+    for i, (sentence, sentence_ids, lead) in enumerate(zip(sentences, ids, leads)):
+        limit = src_limit(cfg) - len(lead)
         pieces = [sentence] if len(sentence_ids) <= limit else cut_sentence(sentence, limit, count)
         piece_ids = [sentence_ids] if len(pieces) == 1 and pieces[0] is sentence else tokenizer.encode_src(pieces)
         # a piece of one character over the limit (a character of many byte pieces) keeps what fits
         texts += pieces
-        rows += [p[:limit] for p in piece_ids]
+        rows += [lead + p[:limit] if p else [] for p in piece_ids]
         owner += [i] * len(pieces)
     return texts, rows, owner
 
@@ -55,8 +59,9 @@ def prepare(
     tokenizer: Tokenizer, cfg: Config, sentences: list[str], decoding: Decoding, prefixes: list[str] | None
 ) -> Prepared:
     """The rows to decode; ValueError naming what does not fit (a prefix past its sentence's length limit, a term
-    the vocabulary cannot write)."""
-    texts, rows, owner = _rows(tokenizer, cfg, sentences)
+    the vocabulary cannot write, a multilingual model's target language missing)."""
+    leads, sentences = tokenizer.split_language(sentences, decoding.target_lang)
+    texts, rows, owner = _rows(tokenizer, cfg, sentences, leads)
     cut = sorted({i for k, i in enumerate(owner) if k > 0 and owner[k - 1] == i})
     if cut:
         log.info("%d sentence(s) longer than %d tokens translated in pieces", len(cut), src_limit(cfg))
@@ -69,7 +74,8 @@ def prepare(
             raise ValueError(
                 f"sentence {i + 1}: its prefix of {len(prefix)} tokens does not fit its length limit ({budget})"
             )
-    return Prepared(ids, targets, phrase_ids(tokenizer, texts, decoding), owner, cut)
+    lead = [len(leads[i]) if row else 0 for row, i in zip(rows, owner)]
+    return Prepared(ids, targets, phrase_ids(tokenizer, texts, decoding), owner, cut, lead)
 
 
 def joined(rows: list[list[Hypothesis]], sentence_of: list[int], n: int) -> list[list[Hypothesis]]:

@@ -215,15 +215,19 @@ class Translator:
         n_best: int | None = None,
         decoding: Decoding | None = None,
         replace_unknowns: bool = False,
-        **kwargs,
+        max_tokens: int | None = None,
+        progress: bool = False,
+        prefixes: list[str] | None = None,
+        **settings,
     ) -> list[list[tuple[str, float]]]:
         """The n_best (translation, score) pairs of every sentence (n_best: default the decoding's). With
         `replace_unknowns`, a source piece the vocabulary lacks is copied into each translation where the attention
         puts it (CTranslate2's replace_unknowns; here also where the translation has no unknown piece for it)."""
-        hyps = self.translate_hypotheses(sentences, decoding, n_best=n_best, **kwargs)
+        decoding = self.decoding(decoding, n_best=n_best, **settings)
+        hyps = self.translate_hypotheses(sentences, decoding, max_tokens, progress, prefixes)
         texts = [self.tokenizer.decode_tgt([h.tokens for h in hs]) for hs in hyps]
         if replace_unknowns:
-            self.restore_unknowns(sentences, hyps, texts)
+            self.restore_unknowns(sentences, hyps, texts, decoding)
         return [list(zip(ts, [h.score for h in hs])) for ts, hs in zip(texts, hyps)]
 
     def translate_confident(
@@ -241,16 +245,20 @@ class Translator:
         return confident.translate_confident(self, sentences, decoding, max_tokens, prefixes, replace_unknowns)
 
     @torch.inference_mode()
-    def restore_unknowns(self, sentences: list[str], hyps: list[list[Hypothesis]], texts: list[list[str]]) -> None:
+    def restore_unknowns(
+        self, sentences: list[str], hyps: list[list[Hypothesis]], texts: list[list[str]], decoding: Decoding
+    ) -> None:
         """texts[i][k] rewritten in place where sentence i has pieces the vocabulary lacks (a sentence decoded in
         pieces, or by an ensemble, has no one attention and is left as it is)."""
-        ids, unk = self.tokenizer.encode_src(sentences), self.tokenizer.unk_id
+        leads, texts_only = self.tokenizer.split_language(sentences, decoding.target_lang)
+        ids = [lead + ids for lead, ids in zip(leads, self.tokenizer.encode_src(texts_only))]
+        unk = self.tokenizer.unk_id
         todo = [i for i, s in enumerate(ids) if unk in s and len(s) <= src_limit(self.cfg)]
         if not todo or isinstance(self.model, Ensemble):
             return
         unk_piece = self.tokenizer.tgt_pieces([unk])[0]
-        for i, src_pieces in zip(todo, self.tokenizer.src_piece_texts([sentences[i] for i in todo])):
-            src = ids[i] + [self.cfg.model.eos_id]
+        for i, pieces in zip(todo, self.tokenizer.src_piece_texts([texts_only[i] for i in todo])):
+            src, src_pieces = ids[i] + [self.cfg.model.eos_id], self.tokenizer.src_pieces(leads[i]) + pieces
             unknown = [j for j, t in enumerate(ids[i]) if t == unk]
             for k, h in enumerate(hyps[i]):
                 cross = self.weights([src], [h.tokens])["cross"]  # per layer (1, H, T, S)
@@ -314,9 +322,9 @@ class Translator:
             src_ids = [prepared.src[row_of[i]] for i in idx]
             cross = self.weights(src_ids, [best[i] for i in idx])["cross"]  # per layer (B, H, T, S)
             for row, i in enumerate(idx):
-                t, s = len(best[i]) + 1, len(src_ids[row])
-                layers = [w[row, :, :t, :s].float().cpu().numpy() for w in cross]
-                src_pieces = tuple(self.tokenizer.src_pieces(src_ids[row][:-1])) + ("</s>",)
+                t, s, lead = len(best[i]) + 1, len(src_ids[row]), prepared.lead[row_of[i]]  # a language token
+                layers = [w[row, :, :t, lead:s].float().cpu().numpy() for w in cross]  # aligns to no word
+                src_pieces = tuple(self.tokenizer.src_pieces(src_ids[row][lead:-1])) + ("</s>",)
                 tgt_pieces = tuple(self.tokenizer.tgt_pieces(best[i])) + ("</s>",)
                 out[i] = Alignment(texts[i], src_pieces, tgt_pieces, cross_attention(layers))
         return out

@@ -1,4 +1,5 @@
-"""Files translated with their formatting kept: plain text, HTML, Markdown, subtitles (SRT) and Word (.docx)."""
+"""Files translated with their formatting kept: plain text, HTML, Markdown, subtitles (SRT) and Word (.docx) here;
+OpenDocument, PowerPoint, Excel, EPUB and PDF in modules of their own; one entry point, translate_file."""
 
 # Each format turns its text into segments of text and tags (markup's items), translates them in one call,
 # and writes the translations back into the file's own structure. Word's runs are elements like HTML's inline tags,
@@ -7,7 +8,6 @@
 from __future__ import annotations
 
 import codecs
-import importlib
 import io
 import re
 import zipfile
@@ -16,42 +16,69 @@ from collections import defaultdict
 from collections.abc import Callable
 from pathlib import PurePath
 
-from nanomt.documents import markup
-from nanomt.documents.formats import BY_NAME, FORMATS
+from nanomt.documents import epub, markup, odf, pdf, pptx, runs, xlsx
+from nanomt.documents.file_items import (
+    FileError,
+    FileJob,
+    FileTooLarge,
+    Progress,
+    UnsupportedFile,
+    joined,
+    library,
+    text_items,
+)
+from nanomt.documents.formats import FORMATS, MEDIA_TYPES
 from nanomt.documents.limits import MAX_FILE_BYTES, MAX_TEXT_CHARS, UNZIPPED_PER_BYTE
 from nanomt.documents.markup import Item, Tag, Text, Translate
+from nanomt.documents.zipped import open_zip
 
 # The largest file taken, and how much a zipped one may unpack to (a zip bomb is refused before it is read).
 MAX_UNZIPPED_BYTES = UNZIPPED_PER_BYTE * MAX_FILE_BYTES
-
-
-class FileError(ValueError):
-    """A file that cannot be translated; the message names the problem in one line."""
-
-
-class UnsupportedFile(FileError):
-    """A file of a type nanomt does not translate, or one that is not what its type says (HTTP 415)."""
-
-
-class FileTooLarge(FileError):
-    """A file over one of the size limits (HTTP 413)."""
 
 
 SRT_START = re.compile(rb"\A(?:\xef\xbb\xbf)?\s*\d+\r?\n\d+:\d\d:\d\d[,.]\d+ --> ")
 HTML_START = re.compile(rb"\A(?:\xef\xbb\xbf)?\s*<(?:!doctype html|html|head|body|p|div|h[1-6])[\s>]", re.IGNORECASE)
 
 
+# What the server and the command line use; the errors and Progress are file_items', named here for them.
+__all__ = [
+    "HANDLERS",
+    "CHUNK",
+    "FileError",
+    "FileTooLarge",
+    "Progress",
+    "UnsupportedFile",
+    "file_format",
+    "sniff_format",
+    "translate_file",
+]
+
+# A zipped format known by the member that holds its content (OpenDocument and EPUB by their `mimetype` member).
+ZIP_MEMBERS = {"word/document.xml": "docx", "ppt/presentation.xml": "pptx", "xl/workbook.xml": "xlsx"}
+BY_MEDIA_TYPE = {media_type: name for name, media_type in MEDIA_TYPES.items()}
+
+
+def _sniff_zip(data: bytes) -> str:
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            names = set(archive.namelist())
+            found = [fmt for member, fmt in ZIP_MEMBERS.items() if member in names]
+            if not found and "mimetype" in names and archive.getinfo("mimetype").file_size < 100:
+                found = [BY_MEDIA_TYPE.get(archive.read("mimetype").decode("ascii", "replace").strip())]
+    except (zipfile.BadZipFile, OSError, EOFError):
+        found = []
+    if not found or found[0] is None:
+        raise UnsupportedFile("a zip archive of no format nanomt knows by its content; name the file with its suffix")
+    return found[0]
+
+
 def sniff_format(data: bytes) -> str:
-    """The format of a file whose name has no suffix, from its bytes: a zip holding word/document.xml is Word, a
-    file starting with an HTML tag HTML, one starting with a numbered cue SRT, anything else plain text."""
+    """The format of a file whose name has no suffix, from its bytes: a zip by the member holding its content, a
+    PDF by its header, a file starting with an HTML tag HTML, one starting with a numbered cue SRT, else text."""
     if data.startswith(b"PK\x03\x04"):
-        try:
-            with zipfile.ZipFile(io.BytesIO(data)) as archive:
-                if "word/document.xml" in archive.namelist():
-                    return "docx"
-        except zipfile.BadZipFile:
-            pass
-        raise UnsupportedFile("a zip archive that is no Word .docx file; name the file with its suffix")
+        return _sniff_zip(data)
+    if data.startswith(b"%PDF-"):
+        return "pdf"
     if HTML_START.match(data):
         return "html"
     return "srt" if SRT_START.match(data) else "text"
@@ -75,10 +102,13 @@ def translate_file(
     split: markup.Split | None = None,
     max_chars: int | None = None,
     max_bytes: int | None = None,
+    target: str | None = None,
+    progress: Progress | None = None,
 ) -> bytes:
     """A file's bytes translated into a file of the same format; an empty file gives an empty file. At most
     `max_bytes` (MAX_FILE_BYTES when None), unzipped to at most UNZIPPED_PER_BYTE times that, and `max_chars` of
-    text (MAX_TEXT_CHARS when None)."""
+    text (MAX_TEXT_CHARS when None). `target` (a language code) goes into the document's language tags; `progress`
+    hears (sentences done, in all) after every chunk of CHUNK sentences, and may raise to stop the file."""
     if fmt not in HANDLERS:
         raise UnsupportedFile(f"unsupported format {fmt!r}; supported: {', '.join(HANDLERS)}")
     max_bytes = max_bytes or MAX_FILE_BYTES
@@ -87,8 +117,9 @@ def translate_file(
     if not data:
         return b""
     unzipped = min(MAX_UNZIPPED_BYTES, UNZIPPED_PER_BYTE * max_bytes)
-    limited = _limited(translate, min(max_chars or MAX_TEXT_CHARS, MAX_TEXT_CHARS))
-    return HANDLERS[fmt](data, limited, split, unzipped)
+    chunked = _chunked(translate, progress) if progress else translate
+    job = FileJob(_limited(chunked, min(max_chars or MAX_TEXT_CHARS, MAX_TEXT_CHARS)), split, unzipped, target)
+    return HANDLERS[fmt](data, job)
 
 
 def _limited(translate: Translate, max_chars: int) -> Translate:
@@ -105,28 +136,26 @@ def _limited(translate: Translate, max_chars: int) -> Translate:
     return run
 
 
-# Whitespace other than one space keeps its place through translation: tabs, line breaks, runs of spaces.
-SPACING = re.compile(r"([ \t\n\r\f]*[\t\n\r\f][ \t\n\r\f]*| {2,})")
+CHUNK = 64  # sentences translated between two progress reports (a batch of the server's size or more)
 
 
-def text_items(text: str) -> list[Item]:
-    """Text as items, whitespace other than single spaces kept as spacing voids."""
-    parts = SPACING.split(text)
-    return [Tag("void", p, space=True) if i % 2 else Text(p) for i, p in enumerate(parts) if p]
+def _chunked(translate: Translate, progress: Progress) -> Translate:
+    """translate, a chunk at a time, telling `progress` how far it has got. The total is what the calls so far
+    asked for (a format that asks twice, Markdown's text then its HTML blocks, raises it once)."""
+    done = total = 0
 
+    def run(sentences: list[str]) -> list[markup.Alignment]:
+        nonlocal done, total
+        total += len(sentences)
+        out = []
+        progress(done, total)
+        for at in range(0, len(sentences), CHUNK):
+            out += translate(sentences[at : at + CHUNK])
+            done += len(sentences[at : at + CHUNK])
+            progress(done, total)
+        return out
 
-def joined(items: list[Item]) -> str:
-    """Items whose tags are text, written out."""
-    return "".join(i.text if isinstance(i, Text) else str(i.raw) for i in items)
-
-
-def _library(fmt: str):
-    """A format's library, or an UnsupportedFile naming the package to install."""
-    f = BY_NAME[fmt]
-    try:
-        return importlib.import_module(f.module)
-    except ImportError:
-        raise UnsupportedFile(f"this format needs the {f.package} package: pip install 'nanomt[files]'") from None
+    return run
 
 
 def _decode(data: bytes, what: str) -> str:
@@ -145,11 +174,11 @@ def _encode(text: str, data: bytes) -> bytes:
 LINE = re.compile(r"([^\n]*?)(\r?\n|$)")
 
 
-def _translate_text(data: bytes, translate: Translate, split: markup.Split | None, _unzipped: int) -> bytes:
+def _translate_text(data: bytes, job: FileJob) -> bytes:
     """Plain text: each line is a paragraph; blank lines, indentation and line endings stay as they were."""
     text = _decode(data, "text")
     lines = [m.groups() for m in LINE.finditer(text) if m.group()]
-    done = markup.translate_segments([text_items(body) for body, _ in lines], translate, split)
+    done = markup.translate_segments([text_items(body) for body, _ in lines], job.translate, job.split)
     out = [(body if items is None else joined(items)) + end for (body, end), items in zip(lines, done)]
     return _encode("".join(out), data)
 
@@ -157,7 +186,7 @@ def _translate_text(data: bytes, translate: Translate, split: markup.Split | Non
 META_CHARSET = re.compile(rb"""<meta[^>]*?charset\s*=\s*["']?\s*([A-Za-z0-9_.:-]+)""", re.IGNORECASE)
 
 
-def _translate_html(data: bytes, translate: Translate, split: markup.Split | None, _unzipped: int) -> bytes:
+def _translate_html(data: bytes, job: FileJob) -> bytes:
     """HTML: sentences translated with their inline tags (markup), written in the document's own charset."""
     found = META_CHARSET.search(data[:4096])
     charset = found.group(1).decode("ascii") if found and not data.startswith(codecs.BOM_UTF8) else "UTF-8"
@@ -168,7 +197,7 @@ def _translate_html(data: bytes, translate: Translate, split: markup.Split | Non
         raise UnsupportedFile(f"the HTML file declares an unknown charset {charset!r}") from None
     except UnicodeDecodeError as e:
         raise UnsupportedFile(f"the HTML file is not {charset} text (invalid byte at offset {e.start})") from None
-    out = markup.translate_html([text], translate, split)[0]
+    out = markup.translate_html([text], job.translate, job.split)[0]
     if charset == "UTF-8":  # a byte order mark where the original had one
         return _encode(out, data)
     return out.encode(encoding, errors="xmlcharrefreplace")  # characters the charset lacks become &#...;
@@ -260,7 +289,7 @@ def _markdown_block(doc: str, spans: list[tuple[int, int]]) -> list[Item]:
 
 def _markdown_regions(doc: str) -> tuple[list[tuple[int, int, list[Item]]], list[tuple[int, int]]]:
     """The text blocks of a Markdown document (with their items) and its HTML blocks, as spans of doc."""
-    markdown_it = _library("markdown")
+    markdown_it = library("markdown")
     lines = doc.split("\n")
     starts = [0]
     for text in lines:
@@ -285,15 +314,15 @@ def _markdown_regions(doc: str) -> tuple[list[tuple[int, int, list[Item]]], list
     return blocks, html_blocks
 
 
-def _translate_markdown(data: bytes, translate: Translate, split: markup.Split | None, _unzipped: int) -> bytes:
+def _translate_markdown(data: bytes, job: FileJob) -> bytes:
     """Markdown: text blocks translated with emphasis, links and inline code kept; code blocks untouched."""
     text = _decode(data, "Markdown")
     crlf = "\r\n" in text
     doc = text.replace("\r\n", "\n")
     blocks, html_blocks = _markdown_regions(doc)
-    done = markup.translate_segments([items for _, _, items in blocks], translate, split)
+    done = markup.translate_segments([items for _, _, items in blocks], job.translate, job.split)
     edits = [(a, b, joined(items)) for (a, b, _), items in zip(blocks, done) if items is not None]
-    html_done = markup.translate_html([doc[a:b] for a, b in html_blocks], translate, split)
+    html_done = markup.translate_html([doc[a:b] for a, b in html_blocks], job.translate, job.split)
     edits += [(a, b, out) for (a, b), out in zip(html_blocks, html_done)]
     for a, b, out in sorted(edits, reverse=True):
         doc = doc[:a] + out + doc[b:]
@@ -315,15 +344,15 @@ def _srt_items(content: str) -> list[Item]:
     return items
 
 
-def _translate_srt(data: bytes, translate: Translate, split: markup.Split | None, _unzipped: int) -> bytes:
+def _translate_srt(data: bytes, job: FileJob) -> bytes:
     """Subtitles (SRT): each subtitle's text translated, its timing, numbering and line count kept."""
-    srt = _library("srt")
+    srt = library("srt")
     text = _decode(data, "SRT")
     try:
         subtitles = list(srt.parse(text))
     except (srt.SRTParseError, ValueError) as e:
         raise UnsupportedFile(f"not a valid SRT file: {str(e).splitlines()[0]}") from None
-    done = markup.translate_segments([_srt_items(s.content) for s in subtitles], translate, split)
+    done = markup.translate_segments([_srt_items(s.content) for s in subtitles], job.translate, job.split)
     for subtitle, items in zip(subtitles, done):
         if items is not None:
             subtitle.content = joined(items)
@@ -332,7 +361,8 @@ def _translate_srt(data: bytes, translate: Translate, split: markup.Split | None
 
 
 # Word. A run holding only text is an element (its formatting goes where its words go); hyperlinks and tracked
-# insertions are elements holding runs; anything else (fields, drawings, bookmarks) is a void kept whole.
+# insertions are elements holding runs; anything else (fields, drawings, bookmarks) is a void kept whole. runs.write
+# puts them back, as it does PowerPoint's and Excel's.
 W = "{http://schemas.openxmlformats.org/wordprocessingml/2006/main}"
 TEXT_RUN = frozenset({f"{W}rPr", f"{W}t", f"{W}tab", f"{W}br", f"{W}cr", f"{W}lastRenderedPageBreak"})
 CONTAINERS = frozenset({f"{W}hyperlink", f"{W}smartTag", f"{W}ins", f"{W}customXml"})
@@ -368,75 +398,14 @@ def _docx_items(parent, items: list[Item], field: list[int]) -> None:
             field[0] += {"begin": 1, "end": -1}.get(mark.get(f"{W}fldCharType"), 0)
 
 
-def _docx_write(paragraph, items: list[Item], source: dict) -> None:
-    """Put a paragraph's translated items back: runs get their text, elements their new order."""
-    order, texts, stack = {paragraph: []}, {}, [paragraph]
-    loose = _Loose(texts, source)
-    for item in items:
-        top = stack[-1]
-        if isinstance(item, Text) or (item.kind == "void" and isinstance(item.raw, str)):
-            text = item.text if isinstance(item, Text) else item.raw
-            (texts[top] if top in texts else loose.pending).append(text)
-        elif item.kind == "open":
-            order[top].append(item.raw)
-            stack.append(item.raw)
-            if item.raw.tag == f"{W}r":
-                texts[item.raw] = []
-                loose.settle(item.raw)
-            else:
-                order[item.raw] = []
-        elif item.kind == "close":
-            stack.pop()
-        else:
-            order[top].append(item.raw)
-            loose.cross()
-    loose.settle(None)
-    for run, parts in texts.items():
-        run.text = "".join(parts)
-    for element, children in order.items():
-        for child in [c for c in element if not c.tag.endswith("Pr")]:
-            element.remove(child)
-        element.extend(children)
+def _set_run_text(run, text: str) -> None:
+    run.text = text  # python-docx's CT_R writes tabs and line breaks as w:tab and w:br
 
 
-class _Loose:
-    """Text that falls between runs joins a run beside it, never across a field, bookmark or other void."""
-
-    def __init__(self, texts: dict, source: dict):
-        self.texts, self.source = texts, source
-        self.pending, self.previous, self.crossed = [], None, False
-
-    def cross(self) -> None:
-        """A void: text before it stays with the run before it."""
-        if self.pending and self.previous is not None:
-            self.texts[self.previous].extend(self.pending)
-            self.pending.clear()
-        self.crossed = True
-
-    def settle(self, run) -> None:
-        """A run starts (None: the paragraph ends): the pending text joins it or the previous run."""
-        prev, text = self.previous, "".join(self.pending)
-        if text and run is not None and (prev is None or self.crossed or (text.isspace() and self._leans(prev, run))):
-            self.texts[run][:0] = self.pending
-        elif text and prev is not None:
-            self.texts[prev].extend(self.pending)
-        self.pending.clear()
-        self.previous, self.crossed = prev if run is None else run, False
-
-    def _leans(self, prev, run) -> bool:
-        """Whether whitespace between two runs goes to the second: where the source had it on that side, else to a
-        run that had whitespace at an edge (plain text) rather than one that hugs its words (a bold word)."""
-        before, after = self.source[prev], self.source[run]
-        if before[-1:].isspace() or after[:1].isspace():
-            return not before[-1:].isspace()
-        edged = lambda t: t[:1].isspace() or t[-1:].isspace()  # noqa: E731
-        return edged(after) and not edged(before)
-
-
-def _translate_docx(data: bytes, translate: Translate, split: markup.Split | None, unzipped: int) -> bytes:
+def _translate_docx(data: bytes, job: FileJob) -> bytes:
     """Word (.docx): paragraphs of the body, tables, headers and footers translated; runs keep their formatting."""
-    _check_zip(data, unzipped)
-    docx = _library("docx")
+    open_zip(data, job.unzipped, "Word .docx").close()
+    docx = library("docx")
     try:
         document = docx.Document(io.BytesIO(data))
     except Exception as e:  # python-docx raises many kinds on a broken package
@@ -447,34 +416,30 @@ def _translate_docx(data: bytes, translate: Translate, split: markup.Split | Non
     for paragraph in paragraphs:
         items = []
         _docx_items(paragraph, items, [0])
-        segments.append(items)
-        runs = [i.raw for i in items if isinstance(i, Tag) and i.kind == "open" and i.raw.tag == f"{W}r"]
-        sources.append({run: run.text for run in runs})
-    done = markup.translate_segments(segments, translate, split)
+        segments.append(runs.edges(items))
+        opened = [i.raw for i in items if isinstance(i, Tag) and i.kind == "open" and i.raw.tag == f"{W}r"]
+        sources.append({run: run.text for run in opened})
+    done = markup.translate_segments(segments, job.translate, job.split)
     for paragraph, items, source in zip(paragraphs, done, sources):
         if items is not None:
-            _docx_write(paragraph, items, source)
+            runs.write(paragraph, items, source, _set_run_text)
     out = io.BytesIO()
     document.save(out)
     return out.getvalue()
 
 
-def _check_zip(data: bytes, limit: int) -> None:
-    """Refuse what is not a zip archive, and an archive that would unpack to more than `limit` bytes."""
-    try:
-        with zipfile.ZipFile(io.BytesIO(data)) as archive:
-            unpacked = sum(info.file_size for info in archive.infolist())
-    except zipfile.BadZipFile:
-        raise UnsupportedFile("not a valid Word .docx file (not a zip archive)") from None
-    if unpacked > limit:
-        raise FileTooLarge(f"the .docx unpacks to {unpacked:,} bytes; the limit is {limit:,}")
-
-
-# Each format's handler: (bytes, translate, split, the most a zipped format may unpack to) -> bytes.
-HANDLERS: dict[str, Callable[[bytes, Translate, markup.Split | None, int], bytes]] = {
+# Each format's handler: (the file's bytes, what translating it needs) -> the translated file's bytes.
+HANDLERS: dict[str, Callable[[bytes, FileJob], bytes]] = {
     "text": _translate_text,
     "html": _translate_html,
     "markdown": _translate_markdown,
     "srt": _translate_srt,
     "docx": _translate_docx,
+    "odt": odf.translate_odt,
+    "odp": odf.translate_odp,
+    "ods": odf.translate_ods,
+    "pptx": pptx.translate_pptx,
+    "xlsx": xlsx.translate_xlsx,
+    "epub": epub.translate_epub,
+    "pdf": pdf.translate_pdf,
 }

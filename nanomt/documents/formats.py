@@ -36,6 +36,41 @@ TABLE = (
         "docx",
         "python-docx",
     ),
+    Format("odt", "OpenDocument text", (".odt",), "application/vnd.oasis.opendocument.text", "lxml.etree", "lxml"),
+    Format(
+        "odp",
+        "OpenDocument presentation",
+        (".odp",),
+        "application/vnd.oasis.opendocument.presentation",
+        "lxml.etree",
+        "lxml",
+    ),
+    Format(
+        "ods",
+        "OpenDocument spreadsheet",
+        (".ods",),
+        "application/vnd.oasis.opendocument.spreadsheet",
+        "lxml.etree",
+        "lxml",
+    ),
+    Format(
+        "pptx",
+        "PowerPoint",
+        (".pptx",),
+        "application/vnd.openxmlformats-officedocument.presentationml.presentation",
+        "lxml.etree",
+        "lxml",
+    ),
+    Format(
+        "xlsx",
+        "Excel",
+        (".xlsx",),
+        "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
+        "lxml.etree",
+        "lxml",
+    ),
+    Format("epub", "EPUB e-book", (".epub",), "application/epub+zip", "lxml.etree", "lxml"),
+    Format("pdf", "PDF", (".pdf",), "application/pdf", "pypdf", "pypdf, pdfminer.six and reportlab"),
 )
 BY_NAME = {f.name: f for f in TABLE}
 NAMES = tuple(sorted(BY_NAME))  # the choices of `nanomt translate --format`

@@ -619,20 +619,28 @@ def escape_html(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("\xa0", "&nbsp;")
 
 
-def translate_html(docs: list[str], translate: Translate, split: Split | None = None) -> list[str]:
-    """HTML documents or fragments translated sentence by sentence, with their inline tags put back."""
-    parsed = [html_parts(doc) for doc in docs]
-    runs = [part for parts in parsed for part in parts if not isinstance(part, str)]
+def translate_html(
+    docs: list[str],
+    translate: Translate,
+    split: Split | None = None,
+    parts: Callable[[str], list] | None = None,
+    write: Callable[[Item], str] | None = None,
+) -> list[str]:
+    """HTML documents or fragments translated sentence by sentence, with their inline tags put back, all in one
+    translate call. `parts` reads a document into raw text and runs of items (default html_parts), `write` writes a
+    translated item (default: HTML, a no-break space as &nbsp;), for a dialect of HTML (EPUB's XHTML)."""
+    parsed = [(parts or html_parts)(doc) for doc in docs]
+    runs = [part for doc_parts in parsed for part in doc_parts if not isinstance(part, str)]
     done = iter(translate_segments([items for items, _ in runs], translate, split))
     out = []
-    for parts in parsed:
+    for doc_parts in parsed:
         pieces = []
-        for part in parts:
+        for part in doc_parts:
             if isinstance(part, str):
                 pieces.append(part)
                 continue
             items = next(done)
-            pieces.append(part[1] if items is None else "".join(_html_text(i) for i in items))
+            pieces.append(part[1] if items is None else "".join(map(write or _html_text, items)))
         out.append("".join(pieces))
     return out
 

@@ -100,11 +100,16 @@ def document_file(
     source: Source,
     max_bytes: int | None = None,
     max_chars: int | None = None,
+    target: str | None = None,
+    progress: files.Progress | None = None,
 ) -> bytes:
-    """A file (files.FORMATS) translated into a file of the same format; files.FileError if it cannot be (past
-    `max_bytes` or `max_chars` of text, each files.translate_file's default when None)."""
+    """A file (files.FORMATS) translated into a file of the same format, its language tags set to `target` (a code;
+    None leaves them); files.FileError if it cannot be (past `max_bytes` or `max_chars` of text, each
+    files.translate_file's default when None). `progress` hears (sentences done, in all) as it goes."""
     translate = sentences(align, n_best, source)
-    return files.translate_file(data, fmt, translate, source.split, max_chars=max_chars, max_bytes=max_bytes)
+    return files.translate_file(
+        data, fmt, translate, source.split, max_chars=max_chars, max_bytes=max_bytes, target=target, progress=progress
+    )
 
 
 def for_translator(

@@ -64,8 +64,10 @@ class Server:
         self.access = Access(config, self.store, self.layout, self.io)
 
     def defaults(self, model: Model) -> Decoding:
-        """A model's settings for requests that change none: its config's, with the server's beam and glossary."""
-        return Decoding.from_config(model.cfg.decode).replace(beam_size=self.beam(model), glossary=self.config.glossary)
+        """A model's settings for requests that change none: its config's, with the server's beam and glossary (and a
+        multilingual run's target-language code)."""
+        decode = Decoding.from_config(model.cfg.decode)
+        return decode.replace(beam_size=self.beam(model), glossary=self.config.glossary, target_lang=model.code)
 
     def beam(self, model: Model) -> int:
         return self.config.default_beam or model.cfg.decode.beam_size
@@ -167,9 +169,10 @@ class Server:
 
     async def fingerprint(self, model: Model) -> str:
         """The model's fingerprint (weights, tokenizer, shortlist), computed once, off the event loop."""
-        if model.fingerprint is None:
+        owner = model.owner or model  # a multilingual run's targets share its weights' fingerprint
+        if owner.fingerprint is None:
             await self.offload(self.pools.work, self.models.fingerprint, model, deadline=None)
-        return model.fingerprint
+        return owner.fingerprint
 
     def stalled(self) -> str | None:
         """Why the server cannot make progress (a batch or a pool's task stuck past --timeout), or None."""

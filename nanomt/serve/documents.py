@@ -3,37 +3,64 @@ through the event loop, with every other request's (nanomt.documents.translation
 
 A route through the pivot language is that many whole translations, one after the other: each model gets the text
 the one before it wrote, as a client sending it on would (segmented, split and cut by its own rules).
+
+A file job's route outlives its request (Route.detach): no deadline bounds the whole file, only each model call.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from fastapi import Request
+from fastapi import HTTPException, Request
 
 from nanomt.core.decoding import Decoding
-from nanomt.documents import markup
+from nanomt.core.languages import PLACEHOLDERS
+from nanomt.documents import files, markup
 from nanomt.documents import translation as dt
 from nanomt.documents.segmentation import TextTranslation
 from nanomt.serve.jobs import Kind
 from nanomt.serve.models import Model
-from nanomt.serve.workers import wait
+from nanomt.serve.workers import Expired, wait
+
+BUSY_PAUSE = 0.5  # seconds a detached route waits before it asks again when the decoding queue is full
+
+
+class Stalled(RuntimeError):
+    """A detached route's model call got no answer within its bound (the server is stuck or overloaded)."""
 
 
 class Hop:
     """One model of a route with its decoding settings, as a pool's thread reaches it: each call queued on the event
-    loop with every other request's, waited for until the request's deadline."""
+    loop with every other request's, waited for until the request's deadline (a detached route's: the call's own)."""
 
-    def __init__(self, route: Route, model: Model, decoding: Decoding, loop: asyncio.AbstractEventLoop):
-        self.route, self.model, self.decoding, self.loop = route, model, decoding, loop
+    def __init__(self, route: Route, model: Model, decoding: Decoding, loop: asyncio.AbstractEventLoop, index: int = 0):
+        self.route, self.model, self.decoding, self.loop, self.index = route, model, decoding, loop, index
         self.source = dt.Source.of(model.cfg, model.tokenizer, model.source)
 
     def _call(self, kind: Kind, items: list) -> list:
         route = self.route
-        coro = route.server.decode(route.request, self.model, kind, self.decoding, items)
-        return wait(asyncio.run_coroutine_threadsafe(coro, self.loop), route.deadline)
+        if route.call_seconds is None:
+            coro = route.server.decode(route.request, self.model, kind, self.decoding, items)
+            return wait(asyncio.run_coroutine_threadsafe(coro, self.loop), route.deadline)
+        return self._patient(kind, items, route.call_seconds)
+
+    def _patient(self, kind: Kind, items: list, seconds: float) -> list:
+        """A detached route's call: bounded by `seconds` on its own, asked again while the decoding queue is full."""
+        route = self.route
+        deadline = time.monotonic() + seconds
+        while True:
+            coro = route.server.decode(route.request, self.model, kind, self.decoding, items)
+            try:
+                return wait(asyncio.run_coroutine_threadsafe(coro, self.loop), deadline)
+            except Expired:
+                raise Stalled(f"no translation of {len(items)} sentences within {seconds:g} s") from None
+            except HTTPException as e:  # 503: the queue is full (or the server is stopping: that one ends the file)
+                if e.status_code != 503 or route.server.engine.closing or time.monotonic() + BUSY_PAUSE > deadline:
+                    raise
+            time.sleep(BUSY_PAUSE)
 
     def n_best(self, units: list[str]) -> list[list[tuple[str, float]]]:
         """Each unit's hypotheses, best first (unknown source pieces copied)."""
@@ -55,10 +82,18 @@ class Route:
     def __init__(self, server, request: Request, models: list[Model], decodings: list[Decoding]):
         self.server, self.request, self.models, self.decodings = server, request, models, decodings
         self.deadline = server.deadline(request)
+        self.call_seconds: float | None = None  # a detached route's bound on each model call
+
+    def detach(self, call_seconds: float) -> None:
+        """Let the route outlive its request (a file job, run after its POST was answered): no deadline for the
+        whole of its work, `call_seconds` for each model call (a chunk of files.CHUNK sentences), which is asked
+        again while the decoding queue is full."""
+        self.deadline, self.call_seconds = None, call_seconds
+        self.request.state.deadline = None  # server.decode's wait in the queue: the call's own bound ends it
 
     def _hops(self) -> list[Hop]:
         loop = asyncio.get_running_loop()
-        return [Hop(self, m, d, loop) for m, d in zip(self.models, self.decodings)]
+        return [Hop(self, m, d, loop, i) for i, (m, d) in enumerate(zip(self.models, self.decodings))]
 
     async def _each(self, pool, texts, step: Callable, last: Callable | None = None):
         """texts through every hop in turn, each in a thread of `pool`: `step(hop, texts)` gives the next hop's
@@ -102,13 +137,21 @@ class Route:
         step = lambda hop, docs: dt.html(docs, hop.align, hop.n_best, hop.source)  # noqa: E731
         return await self._each(self.server.pools.documents, docs, step)
 
-    async def file(self, data: bytes, fmt: str, max_chars: int | None = None) -> bytes:
+    async def file(
+        self, data: bytes, fmt: str, max_chars: int | None = None, progress: files.Progress | None = None
+    ) -> bytes:
         """A file translated into one of the same format, of at most `max_chars` characters of text (else the
-        documents' limit): files.FileError when it cannot be."""
-        limit = self.server.config.files_max_bytes
+        documents' limit), its language tags set to the target's code: files.FileError when it cannot be.
+        `progress(done, total)` hears the sentences done after each chunk (through the pivot, each hop's sentences
+        count: hop k of n reports k * its total + its done, of n * its total); raising in it stops the file."""
+        limit, hops = self.server.config.files_max_bytes, len(self.models)
 
         def step(hop: Hop, data: bytes) -> bytes:
-            return dt.document_file(data, fmt, hop.align, hop.n_best, hop.source, limit, max_chars)
+            target = None if hop.model.target in PLACEHOLDERS else hop.model.target  # src-tgt names no language
+            heard = None
+            if progress is not None:
+                heard = lambda done, total: progress(hop.index * total + done, hops * total)  # noqa: E731
+            return dt.document_file(data, fmt, hop.align, hop.n_best, hop.source, limit, max_chars, target, heard)
 
         return await self._each(self.server.pools.files, data, step)
 

@@ -1,9 +1,11 @@
 """LibreTranslate's file translation: POST /translate_file (a multipart form: file, source, target, api_key) answers
-{"translatedFileUrl": ...}, and GET /download_file/NAME gives the translated file while it is kept."""
+{"translatedFileUrl": ...}, and GET /download_file/NAME gives the translated file while it is kept. nanomt's file
+jobs (nanomt.serve.file_jobs) take the same form and keep their files the same way."""
 
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from pathlib import PurePath
 from urllib.parse import quote
 
@@ -13,7 +15,7 @@ from pydantic import BaseModel, Field, StrictStr
 from starlette.datastructures import UploadFile
 
 from nanomt.documents import files, formats
-from nanomt.serve.access import presented_key
+from nanomt.serve.access import Client, presented_key
 from nanomt.serve.errors import ERRORS, FORM, MULTIPART, Refused, errors, invalid, validate
 
 KEEP_PER_CLIENT = 8  # translated files one client has awaiting download, its oldest dropped first
@@ -76,53 +78,81 @@ async def dropped(request: Request) -> None:
         pass
 
 
-def add_routes(app: FastAPI, server, routed) -> None:
-    """POST /translate_file and GET /download_file/{name}; `routed(request, source, target)` gives a request's
-    Route (LibreTranslate's routing: a 400 naming a language not served)."""
-    kept = TranslatedFiles(server.store, server.layout)
+@dataclass(frozen=True)
+class Upload:
+    """A file form read and checked: who sent it, the file's name, bytes and format, the languages."""
 
-    async def admitted(request: Request):
-        """The client of the header's key, or its refusal once the body is read and dropped."""
-        try:
-            return await server.check_key(request, None)
-        except HTTPException:
-            await dropped(request)
-            raise
+    client: Client
+    name: str
+    data: bytes
+    fmt: str
+    source: str
+    target: str
+
+
+async def read_upload(request: Request, server) -> Upload:
+    """The file form of a request, read under its limits: a 415 for a body that is no form or a file of a type not
+    translated, a 413 past --file-limit, a 422 naming a missing or invalid field, the key's refusals (a key in a
+    header is checked before the form is read: a stranger's upload is never spooled), a 400 for source auto."""
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type not in (MULTIPART, FORM):  # a urlencoded form has no file: a 422 that names it
+        await dropped(request)
+        raise HTTPException(415, f"send the file as {MULTIPART} (fields file, source, target, api_key)")
+    client = await admitted(request, server) if presented_key(request, None) else None
+    limit = server.config.files_max_bytes
+    # Uploads are spooled (to disk past 1 MiB) while the form is read and removed when it closes.
+    async with request.form(max_files=1, max_fields=len(FileFields.model_fields)) as form:
+        name, upload, fields = read_file_form(form)
+        data = await upload.read(limit + 1)
+    if len(data) > limit:
+        raise HTTPException(413, f"{name}: larger than the limit of {limit:,} bytes")
+    try:
+        fmt = files.file_format(name, data)
+    except files.UnsupportedFile as e:
+        raise HTTPException(415, str(e)) from None
+    client = client or await server.check_key(request, fields.api_key)
+    if fields.source == "auto":
+        raise HTTPException(400, "source auto: give the file's source language")
+    return Upload(client, name, data, fmt, fields.source, fields.target)
+
+
+async def admitted(request: Request, server) -> Client:
+    """The client of the header's key, or its refusal once the body is read and dropped."""
+    try:
+        return await server.check_key(request, None)
+    except HTTPException:
+        await dropped(request)
+        raise
+
+
+def file_refusal(name: str, e: files.FileError) -> HTTPException:
+    """A file that cannot be translated, as the API answers it: 413 past a limit, 415 unreadable, else 400."""
+    status = 413 if isinstance(e, files.FileTooLarge) else 415 if isinstance(e, files.UnsupportedFile) else 400
+    return HTTPException(status, f"{name}: {e}")
+
+
+def add_routes(app: FastAPI, server, routed) -> None:
+    """POST /translate_file and GET /download_file/{name}, and nanomt's file jobs (nanomt.serve.file_jobs);
+    `routed(request, source, target)` gives a request's Route (LibreTranslate's routing: a 400 naming a language not
+    served)."""
+    from nanomt.serve import file_jobs
+
+    kept = TranslatedFiles(server.store, server.layout)
 
     @app.post("/translate_file", responses=ERRORS, openapi_extra={"requestBody": file_body(", ".join(formats.FORMATS))})
     async def translate_file(request: Request) -> dict:
         """Translate a file, keeping its formatting; download it from the URL in the answer."""
-        content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        if content_type not in (MULTIPART, FORM):  # a urlencoded form has no file: a 422 that names it
-            await dropped(request)
-            raise HTTPException(415, f"send the file as {MULTIPART} (fields file, source, target, api_key)")
-        # A key in a header is checked before the form is read: a stranger's upload is never spooled.
-        client = await admitted(request) if presented_key(request, None) else None
-        limit = server.config.files_max_bytes
-        # Uploads are spooled (to disk past 1 MiB) while the form is read and removed when it closes.
-        async with request.form(max_files=1, max_fields=len(FileFields.model_fields)) as form:
-            name, upload, fields = read_file_form(form)
-            data = await upload.read(limit + 1)
-        if len(data) > limit:
-            raise HTTPException(413, f"{name}: larger than the limit of {limit:,} bytes")
+        upload = await read_upload(request, server)
+        route = routed(request, upload.source, upload.target)
         try:
-            fmt = files.file_format(name, data)
-        except files.UnsupportedFile as e:
-            raise HTTPException(415, str(e)) from None
-        client = client or await server.check_key(request, fields.api_key)
-        if fields.source == "auto":
-            raise HTTPException(400, "source auto: give the file's source language")
-        try:
-            translated = await routed(request, fields.source, fields.target).file(data, fmt, client.limits.char_limit)
-        except files.FileTooLarge as e:
-            raise HTTPException(413, f"{name}: {e}") from None
-        except files.UnsupportedFile as e:
-            raise HTTPException(415, f"{name}: {e}") from None
+            translated = await route.file(upload.data, upload.fmt, upload.client.limits.char_limit)
         except files.FileError as e:
-            raise HTTPException(400, f"{name}: {e}") from None
-        stored = await server.io(kept.add, name, translated, fmt, client.id, fallback=None)
+            raise file_refusal(upload.name, e) from None
+        stored = await server.io(kept.add, upload.name, translated, upload.fmt, upload.client.id, fallback=None)
         if stored is None:
-            raise HTTPException(503, "the translated file cannot be kept: the store is unreachable")
+            raise HTTPException(
+                503, "the translated file cannot be kept: the store is unreachable", headers={"Retry-After": "5"}
+            )
         return {"translatedFileUrl": f"{request.base_url}download_file/{stored}"}
 
     @app.get(
@@ -135,7 +165,7 @@ def add_routes(app: FastAPI, server, routed) -> None:
         },
     )
     async def download_file(name: str) -> Response:
-        """A translated file, by the name /translate_file gave."""
+        """A translated file, by the name /translate_file (or a done file job) gave."""
         found = await server.io(kept.get, name, fallback=None)
         if found is None and server.store.down:
             raise HTTPException(503, "the store is unreachable: retry later", headers={"Retry-After": "5"})
@@ -144,3 +174,5 @@ def add_routes(app: FastAPI, server, routed) -> None:
         data, media_type = found
         disposition = f"attachment; filename*=UTF-8''{quote(name.split('.', 1)[1])}"  # any name, safely
         return Response(data, media_type=media_type, headers={"Content-Disposition": disposition})
+
+    file_jobs.add_routes(app, server, routed, kept)

@@ -8,11 +8,12 @@ from typing import Annotated, Literal
 from fastapi import FastAPI, HTTPException, Request
 from pydantic import BaseModel, Field, StrictBool, StrictStr
 
+from nanomt.core.languages import LANGUAGE_NAMES
 from nanomt.documents import formats
 from nanomt.serve import confidence, file_routes
 from nanomt.serve.documents import Route
 from nanomt.serve.errors import ERRORS, check_size, errors, read_body, validate
-from nanomt.serve.models import LANGUAGE_NAMES, NoRoute
+from nanomt.serve.models import NoRoute
 from nanomt.serve.schemas import JsonInt, SentenceConfidence, Text
 
 MAX_ALTERNATIVES = 3  # LibreTranslate's limit

@@ -15,19 +15,12 @@ import torch
 
 from nanomt.core.checkpoint import CheckpointError, checkpoint_weights, file_sha256, find_run_files
 from nanomt.core.config import Config, ConfigError, load_config
-from nanomt.core.languages import PLACEHOLDERS, language_pair
+from nanomt.core.languages import PLACEHOLDERS, language_pair, served_code
 from nanomt.core.tokenizer import Tokenizer
 from nanomt.decoding.shortlist import SHORTLIST
 from nanomt.decoding.translate import Translator
 
 log = logging.getLogger("nanomt.serve")
-
-LANGUAGE_NAMES = {
-    "ar": "Arabic", "cs": "Czech", "de": "German", "en": "English", "es": "Spanish", "fi": "Finnish",
-    "fr": "French", "hi": "Hindi", "it": "Italian", "ja": "Japanese", "ko": "Korean", "nl": "Dutch",
-    "pl": "Polish", "pt": "Portuguese", "ro": "Romanian", "ru": "Russian", "sv": "Swedish", "tr": "Turkish",
-    "uk": "Ukrainian", "zh": "Chinese",
-}  # fmt: skip
 
 
 def served_pair(cfg: Config) -> tuple[str, str]:
@@ -72,7 +65,9 @@ class NoRoute(ValueError):
 
 @dataclass(eq=False)
 class Model:
-    """One run the server serves: its pair, its config and tokenizer (read at start), its Translator once loaded."""
+    """One pair the server serves: its run's config and tokenizer (read at start), its Translator once loaded. A
+    multilingual run is a Model for each target language it serves, each with its code, sharing one Translator
+    (loaded by the first of them, the `owner` of the others)."""
 
     source: str
     target: str
@@ -82,10 +77,36 @@ class Model:
     translator: Translator | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
     fingerprint: str | None = None  # model_fingerprint, once computed
+    code: str | None = None  # a multilingual run's target-language token (>>code<<), given with every request
+    owner: Model | None = None  # the Model that loads a multilingual run's weights for all its targets
 
     @property
     def name(self) -> str:
         return f"{self.source}-{self.target}"
+
+
+def targets_of(tokenizer: Tokenizer, target: str | None, where: str) -> list[tuple[str, str | None]]:
+    """(served target, token code) of each language a run serves: its one target (`target`), or for a
+    multilingual run each of its codes (`target` None or 'mul'), or the one `target` names (by its code or the
+    code a server lists it by); ValueError naming the run's codes where it has no such target."""
+    codes = tokenizer.target_codes
+    if not codes:
+        return [(target, None)]
+    if target in (None, "mul"):
+        return [(served_code(c), c) for c in codes]
+    found = [c for c in codes if target in (c, served_code(c))]
+    if not found:
+        raise ValueError(
+            f"{where}: a multilingual model with no target language {target}; its codes: {', '.join(codes)}"
+        )
+    return [(target, found[0])]
+
+
+def siblings(source: str, pairs: list[tuple[str, str | None]], cfg: Config, tokenizer: Tokenizer, **kw) -> list[Model]:
+    """The Models of one run's pairs: the first loads the run, the others share its lock and Translator."""
+    first = Model(source, pairs[0][0], cfg, tokenizer, code=pairs[0][1], **kw)
+    rest = [Model(source, t, cfg, tokenizer, code=c, owner=first, lock=first.lock, **kw) for t, c in pairs[1:]]
+    return [first, *rest]
 
 
 class ModelSet:
@@ -106,9 +127,12 @@ class ModelSet:
 
     @classmethod
     def of(cls, translator: Translator, languages: tuple[str, str] | None = None) -> ModelSet:
-        """One model, given loaded."""
+        """One run, given loaded (a multilingual one: each of its targets)."""
         source, target = languages or served_pair(translator.cfg)
-        return cls([Model(source, target, translator.cfg, translator.tokenizer, translator=translator)])
+        tokenizer = translator.tokenizer
+        asked = languages[1] if languages else None if tokenizer.target_codes else target
+        pairs = targets_of(tokenizer, asked, "the model")
+        return cls(siblings(source, pairs, translator.cfg, tokenizer, translator=translator))
 
     @classmethod
     def read(cls, specs, pivot: str, max_loaded: int | None, device: str, int8: bool) -> ModelSet:
@@ -122,7 +146,13 @@ class ModelSet:
             except (CheckpointError, ConfigError, OSError, ValueError) as e:
                 raise CheckpointError(f"{spec.path}: cannot serve it: {e}") from None
             source, target = served_pair(cfg)
-            models.append(Model(spec.source or source, spec.target or target, cfg, tokenizer, path=spec.path))
+            try:
+                pairs = targets_of(
+                    tokenizer, spec.target if tokenizer.target_codes else spec.target or target, spec.path
+                )
+            except ValueError as e:
+                raise CheckpointError(str(e)) from None
+            models += siblings(spec.source or source, pairs, cfg, tokenizer, path=spec.path)
         return cls(models, pivot, max_loaded, device, int8)
 
     @property
@@ -156,31 +186,42 @@ class ModelSet:
         return sorted({m.source for m in self.models})
 
     def fingerprint(self, model: Model) -> str:
-        """The model's model_fingerprint, computed once (a weights file is read whole: call it in a thread)."""
-        if model.fingerprint is None:
-            int8 = model.translator.int8 if model.path is None else self.int8
-            model.fingerprint = model_fingerprint(model, int8)
-        return model.fingerprint
+        """The model's model_fingerprint (its run's, shared by a multilingual run's targets), computed once (a
+        weights file is read whole: call it in a thread)."""
+        owner = model.owner or model
+        if owner.fingerprint is None:
+            int8 = owner.translator.int8 if owner.path is None else self.int8
+            owner.fingerprint = model_fingerprint(owner, int8)
+        return owner.fingerprint
 
     def translator(self, model: Model) -> Translator:
-        """The model's Translator, loaded now if need be; past max_loaded the least recently used is unloaded."""
-        with model.lock:
-            if model.translator is None:
-                log.info("loading %s (%s)", model.name, model.path)
-                model.translator = Translator.from_checkpoint(model.path, device=self.device, int8=self.int8)
-                model.fingerprint = model_fingerprint(model, self.int8)  # of the weights just read
+        """The model's Translator, loaded now if need be (a multilingual run's once, for all its targets); past
+        max_loaded runs the least recently used is unloaded."""
+        owner = model.owner or model
+        with owner.lock:
+            if owner.translator is None:
+                log.info("loading %s (%s)", owner.name, owner.path)
+                translator = Translator.from_checkpoint(owner.path, device=self.device, int8=self.int8)
+                for m in self._group(owner):
+                    m.translator = translator
+                owner.fingerprint = model_fingerprint(owner, self.int8)  # of the weights just read
                 # The calibration read now: a damaged file is logged once at load, never a failed request.
-                calibrated = model.translator.calibration is not None
-                log.info("loaded %s (%s)", model.name, "calibrated" if calibrated else "no calibration")
-                self.on_load(model)
-            self._loaded[model.name] = model
-            self._loaded.move_to_end(model.name)
+                calibrated = translator.calibration is not None
+                log.info("loaded %s (%s)", owner.name, "calibrated" if calibrated else "no calibration")
+                self.on_load(owner)
+            self._loaded[owner.name] = owner
+            self._loaded.move_to_end(owner.name)
         while self.max_loaded is not None and len(self._loaded) > self.max_loaded:
             _, old = self._loaded.popitem(last=False)
-            if old.path is not None and old is not model:
+            if old.path is not None and old is not owner:
                 with old.lock:
-                    old.translator = None
+                    for m in self._group(old):
+                        m.translator = None
                 log.info("unloaded %s (the least recently used, past --max-loaded %d)", old.name, self.max_loaded)
                 self.on_unload(old)
                 gc.collect()
         return model.translator
+
+    def _group(self, owner: Model) -> list[Model]:
+        """A run's Models: the owner and those that share its Translator."""
+        return [m for m in self.models if m is owner or m.owner is owner]

@@ -232,9 +232,9 @@ class ServeConfig:
         Layout(self.store_namespace)  # a namespace the store's keys can hold, else the ValueError naming it
 
     def body_limit(self, path: str) -> int:
-        """The most bytes a request body to `path` may have: a file and its form's fields on /translate_file, else
-        --max-chars of UTF-8 (4 bytes a character at most, 6 as a JSON escape) and JSON's syntax."""
-        if path.endswith("/translate_file"):
+        """The most bytes a request body to `path` may have: a file and its form's fields on /translate_file and
+        /file_jobs, else --max-chars of UTF-8 (4 bytes a character at most, 6 as a JSON escape) and JSON's syntax."""
+        if path.endswith(("/translate_file", "/file_jobs")):
             return self.files_max_bytes + BODY_SLACK
         return 6 * self.max_chars + BODY_SLACK
 

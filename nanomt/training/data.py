@@ -119,7 +119,14 @@ def check_files(cfg: DataConfig, name: str) -> None:
 
 
 def read_pairs(split: SplitConfig, name: str) -> Iterator[tuple[str, str]]:
-    """Stream (src, tgt) pairs of a split, stripped of surrounding whitespace; errors as in check_split."""
+    """Stream (src, tgt) pairs of a split, stripped of surrounding whitespace, each source of a multilingual corpus
+    after its target-language token (>>code<< ); errors as in check_split."""
+    code = getattr(split, "tgt_lang", None)
+    pairs = _read_pairs(split, name)
+    return pairs if code is None else ((f">>{code}<< {src}" if src else src, tgt) for src, tgt in pairs)
+
+
+def _read_pairs(split: SplitConfig, name: str) -> Iterator[tuple[str, str]]:
     files = _split_files(split, name)
     if "tsv" in files:
         for n, line in enumerate(file_lines(files["tsv"]), 1):
@@ -442,6 +449,9 @@ def _source_key(cfg: DataConfig, name: str) -> dict:
         ds = _load_hf(cfg.hf, split)
         return {"hf": dataclasses.asdict(cfg.hf), "split": split, "fingerprint": ds._fingerprint}
     keys = [{role: _sha256_file(path) for role, path in _split_files(s, w).items()} for w, s in corpora(cfg, name)]
+    for key, (_, split) in zip(keys, corpora(cfg, name)):
+        if getattr(split, "tgt_lang", None) is not None:  # its sources start with the token
+            key["tgt_lang"] = split.tgt_lang
     return keys if isinstance(getattr(cfg, name), tuple) else keys[0]
 
 

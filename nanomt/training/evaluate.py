@@ -13,11 +13,12 @@ from nanomt.core.checkpoint import checkpoint_weights, file_sha256
 from nanomt.core.config import Config
 from nanomt.core.decoding import Decoding
 from nanomt.core.runtime import Runtime
+from nanomt.core.tokenizer import LANGUAGE_START
 from nanomt.decoding import calibration as calib
 from nanomt.decoding.calibration import Calibration, agreement, sentence_chrf
 from nanomt.decoding.translate import Translator
 from nanomt.training.data import CorpusError, read_lines, split_pairs
-from nanomt.training.metrics import score
+from nanomt.training.metrics import bleu_by_language, score
 
 log = logging.getLogger("nanomt")
 
@@ -53,6 +54,8 @@ def evaluate(
         Path(save_hyp).write_text("".join(t + "\n" for t in texts), encoding="utf-8")
     report = asdict(score(texts, refs))
     report.update(seconds=round(seconds, 3), sentences_per_s=round(len(srcs) / max(seconds, 1e-9), 2))
+    if by_language := bleu_by_language(srcs, texts, refs):  # sources of several target languages, each with its code
+        report["bleu_by_language"] = by_language
     if confidence:
         report.update(beam_size=decoding.beam_size, **confidence_report(confident, texts, refs))
     else:
@@ -111,10 +114,24 @@ def calibrate(
         "beam_size": decoding.beam_size,
         "raw_score": {"pearson": raw["pearson"], "spearman": raw["spearman"]},
     }
+    predicted = fitted.predict([c.features for c in confident])
+    by_language = agreement_by_language([s for s, _ in pairs], predicted, chrf)
+    if by_language:  # a multilingual model's sentences: one fit for all, how it agrees within each language
+        described["by_language"] = by_language
     fitted = dataclasses.replace(fitted, weights_sha256=file_sha256(weights), fit=described)
     fitted.save(Path(weights).parent)
     translator.calibration = fitted
     return fitted
+
+
+def agreement_by_language(sources: list[str], predicted, actual: list[float]) -> dict[str, dict]:
+    """A multilingual validation set's agreement of the confidence with sentence chrF within each target language,
+    by the >>code<< its sources start with ({} where none does)."""
+    groups: dict[str, list[int]] = {}
+    for i, src in enumerate(sources):
+        if (m := LANGUAGE_START.match(src)) is not None:
+            groups.setdefault(m.group(1), []).append(i)
+    return {code: agreement([predicted[i] for i in idx], [actual[i] for i in idx]) for code, idx in groups.items()}
 
 
 def calibrate_run(cfg: Config, run_dir: Path, rt: Runtime) -> None:

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from sacrebleu.metrics import BLEU, CHRF
 
+from nanomt.core.tokenizer import LANGUAGE_START
+
 
 @dataclass(frozen=True)
 class Scores:
@@ -61,3 +63,16 @@ def source_dependence(sources: list[str], hypotheses: list[str]) -> float:
     """Distinct translations per distinct source (1.0: every different source got a translation of its own)."""
     _check(hypotheses, sources)
     return len(set(hypotheses)) / len(set(sources))
+
+
+def bleu_by_language(sources: list[str], hypotheses: list[str], references: list[str]) -> dict[str, float]:
+    """A multilingual validation set's BLEU for each target language, by the >>code<< its sources start with
+    ({} where none does)."""
+    groups: dict[str, tuple[list[str], list[str]]] = {}
+    for src, hyp, ref in zip(sources, hypotheses, references):
+        m = LANGUAGE_START.match(src)
+        if m is not None:
+            hyps, refs = groups.setdefault(m.group(1), ([], []))
+            hyps.append(hyp)
+            refs.append(ref)
+    return {code: round(bleu(hyps, refs), 2) for code, (hyps, refs) in groups.items()}

@@ -23,6 +23,7 @@ from nanomt.training.data import (
     corpora,
     corpus_texts,
     output_ids,
+    read_pairs,
     split_pairs,
 )
 from nanomt.training.errors import TrainingError
@@ -138,12 +139,19 @@ def valid_set(cfg: Config, tokenizer: Tokenizer, cache: Path) -> tuple[Corpus, l
     corpus = binarize(cfg.data, "valid", tokenizer, cache, max_len=cfg.model.max_positions - 1)
     n = cfg.train.valid_bleu_sentences
     srcs, refs = [], []
-    for src, tgt in split_pairs(cfg.data, "valid"):
-        if n is not None and len(srcs) >= n:
-            break
-        if src.strip() and tgt.strip():
-            srcs.append(src)
-            refs.append(tgt)
+    # The first n pairs of each validation set (a multilingual model's: of each language).
+    parts = [read_pairs(s, w) for w, s in corpora(cfg.data, "valid")]
+    if cfg.data.hf is not None:
+        parts = [split_pairs(cfg.data, "valid")]
+    for pairs in parts:
+        kept = 0
+        for src, tgt in pairs:
+            if n is not None and kept >= n:
+                break
+            if src.strip() and tgt.strip():
+                srcs.append(src)
+                refs.append(tgt)
+                kept += 1
     return corpus, srcs, refs
 
 

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from nanomt.core.batches import bucket, make_batches
-from nanomt.core.config import Config
+from nanomt.core.config import Config, DataConfig
 from nanomt.core.model import varlen_kernel
 from nanomt.core.runtime import Runtime
 from nanomt.training.data import Batch, Corpus, Subset, both_directions, mixture, padding_fraction, resegment, shard
@@ -33,13 +33,21 @@ class Epoch:
     padding: float
 
 
+def corpus_weights(data: DataConfig, sizes: list[int]) -> list[float]:
+    """Each corpus' weight, times its pairs^(1/T) with temperature sampling (data.temperature)."""
+    weights = [c.weight for c in data.train]
+    if data.temperature is None:
+        return weights
+    return [w * n ** (1 / data.temperature) for w, n in zip(weights, sizes)]
+
+
 def epoch_batches(data: TrainData, epoch: int, cfg: Config, rt: Runtime) -> Epoch:
     """Epoch `epoch`'s batches; a function of (seed, epoch) alone, so that a resumed run draws the same ones."""
     tc, c = cfg.train, data.corpus
     if data.texts is not None:  # a fresh BPE-dropout segmentation, seeded by (seed, epoch)
         c = resegment(c, data.texts, data.tokenizer, cfg.data.bpe_dropout, tc.seed * 100_003 + epoch, data.max_len)
     if isinstance(cfg.data.train, tuple):  # several corpora: this epoch's draw of each one's share
-        c = Subset(c, mixture(data.corpus.sizes, [s.weight for s in cfg.data.train], tc.seed, epoch))
+        c = Subset(c, mixture(data.corpus.sizes, corpus_weights(cfg.data, data.corpus.sizes), tc.seed, epoch))
     if epoch < tc.bidirectional_epochs:
         c = both_directions(c)
     every = make_batches(c.src_lens, c.tgt_lens, tc.max_tokens, tc.seed, epoch, packed=tc.packed)

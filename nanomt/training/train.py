@@ -29,7 +29,7 @@ from nanomt.decoding.translate import Translator
 from nanomt.training.data import Batch, Corpus, collate, pack
 from nanomt.training.errors import TrainingError
 from nanomt.training.evaluate import calibrate_run
-from nanomt.training.metrics import COLLAPSED_BELOW, bleu, source_dependence
+from nanomt.training.metrics import COLLAPSED_BELOW, bleu, bleu_by_language, source_dependence
 from nanomt.training.metrics_log import MetricsLog, Window
 from nanomt.training.prepare import TrainData, prepare_data
 from nanomt.training.ranks import lost_ranks_fail_clearly, rank0_value, sigint_requests_stop
@@ -282,6 +282,8 @@ def evaluate(model: Transformer, data: TrainData, cfg: Config, rt: Runtime) -> d
             hyps = [parts[i % rt.world][i // rt.world] for i in range(len(srcs))] if rt.is_main else []
         row["valid_bleu"] = bleu(hyps, refs) if rt.is_main else 0.0
         row["valid_distinct"] = round(source_dependence(srcs, hyps), 4) if rt.is_main else 0.0
+        if rt.is_main and cfg.data.target_languages:  # a multilingual model: each target language's own
+            row["valid_bleu_by_language"] = bleu_by_language(srcs, hyps, refs)
     model.train()
     return row if rt.is_main else None
 
@@ -463,6 +465,8 @@ def evaluate_and_keep_best(run: Run, state: TrainState) -> None:
     run.metrics.write({**row, "elapsed_s": round(state.elapsed, 2)})
     keep_best(run.model, row, state, run.run_dir)
     bleu_text = f", valid BLEU {row['valid_bleu']:.2f}" if "valid_bleu" in row else ""
+    if row.get("valid_bleu_by_language"):
+        bleu_text += " (" + ", ".join(f"{c} {b:.2f}" for c, b in row["valid_bleu_by_language"].items()) + ")"
     log.info("step %d: valid loss %.3f%s", state.step, row["valid_loss"], bleu_text)
     if row.get("valid_distinct", 1.0) < COLLAPSED_BELOW:
         log.warning(

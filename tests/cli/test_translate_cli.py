@@ -233,3 +233,34 @@ def test_decoding_commands_keep_freed_memory_once_the_model_is_loaded(run_dir, t
     args = ["--input", str(src)] if command == "translate" else ["--src", str(src), "--ref", str(src)]
     main([command, str(run_dir), *args, "--beam", "2"])
     assert events == ["load", "malloc"]
+
+
+def test_a_file_shows_its_progress_on_a_terminal_and_nothing_when_piped(run_dir, toy_corpus, tmp_path, monkeypatch):
+    lines = toy_corpus["test.src"].read_text(encoding="utf-8").splitlines()[:100]
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    piped = cli("translate", run_dir, "--format", "text", "--input", src, "--output", tmp_path / "piped.txt")
+    assert piped.returncode == 0, piped.stderr
+    err = piped.stderr.decode()
+    assert "sent" not in err and "\r" not in err and "100/100" not in err, err  # no bar
+    terminal = TerminalText()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    main(["translate", str(run_dir), "--format", "text", "--input", str(src), "--output", str(tmp_path / "shown.txt")])
+    assert "100/100" in terminal.getvalue() and "sent" in terminal.getvalue(), terminal.getvalue()
+    # In chunks (the bar) or in one call (piped), the same translation.
+    assert (tmp_path / "shown.txt").read_bytes() == (tmp_path / "piped.txt").read_bytes()
+
+
+def test_a_file_is_tagged_with_the_runs_target_language_where_its_config_names_one(run_dir, tmp_path, monkeypatch):
+    from nanomt.core import languages
+    from nanomt.documents import translation as dt
+
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
+    targets = []
+    document_file = dt.document_file
+    monkeypatch.setattr(dt, "document_file", lambda *a, **k: targets.append(k["target"]) or document_file(*a, **k))
+    main(["translate", str(run_dir), "--format", "text", "--input", str(src), "--output", str(tmp_path / "a.txt")])
+    monkeypatch.setattr(languages, "language_pair", lambda data: ("de", "en"))
+    main(["translate", str(run_dir), "--format", "text", "--input", str(src), "--output", str(tmp_path / "b.txt")])
+    assert targets == [None, "en"]  # the toy run's train.src and train.tgt name no language

@@ -97,7 +97,7 @@ def test_callers_use_the_one_rule():
     """The server names a run by its pair (src-tgt where it has none); documents split by its source language."""
     named = config_from_dict({"data": {"train": [{"src": "x.cs", "tgt": "x.en"}, {"src": "y.cs", "tgt": "y.en"}]}})
     toy = config_from_dict({"data": {"train": {"src": "train.src", "tgt": "train.tgt"}}})
-    tokenizer = SimpleNamespace(encode_src=lambda texts: [[1] for _ in texts])
+    tokenizer = SimpleNamespace(encode_src=lambda texts: [[1] for _ in texts], target_codes=())
     for cfg, pair, lang in ((named, ("cs", "en"), "cs"), (toy, PLACEHOLDERS, None)):
         translator = SimpleNamespace(cfg=cfg, tokenizer=tokenizer)
         model = ModelSet.of(translator).default

@@ -43,7 +43,7 @@ def other_value(cls: type, name: str):
     if name == "sampling":
         return Sampling()
     if default is None:
-        return 7
+        return "fra" if "str" in str(f.type) else 7  # a code (target_lang), else a number (seed)
     if isinstance(default, bool):
         return not default
     if isinstance(default, int):

@@ -8,6 +8,7 @@ import zipfile
 import numpy as np
 import pytest
 from conftest import best_seconds
+from office import to_pdf
 from paths import DATA
 
 from nanomt.documents import files, formats, markup
@@ -211,6 +212,26 @@ def test_word_uppercased_changes_text_only():
     assert structure(out) == structure(data)  # everything but the text: fields, bookmarks, links, tables
 
 
+@pytest.mark.slow
+def test_libreoffice_converts_the_translated_word_file(tmp_path):
+    pypdf = pytest.importorskip("pypdf")
+    pdf = to_pdf(files.translate_file(docx_sample(), "docx", upper), ".docx", tmp_path)
+    text = " ".join(page.extract_text() for page in pypdf.PdfReader(io.BytesIO(pdf)).pages)
+    assert "IMPORTANT" in text and "THE FIRST PAGE" in text and "important" not in text
+
+
+def test_word_keeps_the_spaces_at_a_paragraphs_edges_inside_its_runs():
+    docx = pytest.importorskip("docx")
+    doc = docx.Document()
+    p = doc.add_paragraph()
+    p.add_run(" Leading").bold = True
+    p.add_run(" and trailing ")
+    buffer = io.BytesIO()
+    doc.save(buffer)
+    out = files.translate_file(buffer.getvalue(), "docx", identity)
+    assert [t for _, t in paragraphs(out)[0]] == [" Leading", " and trailing "]
+
+
 def test_word_formatting_follows_its_words_when_they_move():
     data = docx_sample()
     out = files.translate_file(data, "docx", reversed_upper)
@@ -283,7 +304,7 @@ def zip_of(entries: dict[str, bytes]) -> bytes:
         (zip_of({"hello.txt": b"hello"}), "docx", "not a valid Word"),
         (b'<meta charset="no-such-charset"><p>x</p>', "html", "unknown charset"),
         (b"<p>caf\xe9</p>", "html", "not UTF-8"),
-        (b"%PDF-1.4", "pdf", "unsupported format"),
+        (b"{\\rtf1 text}", "rtf", "unsupported format"),
     ],
 )
 def test_bad_files_raise_unsupported_file_with_one_line(data, fmt, message):
@@ -300,7 +321,7 @@ def test_file_format_comes_from_the_suffix():
         "srt",
         "docx",
     ]
-    for name in ("report.pdf", "noext"):
+    for name in ("report.rtf", "noext"):
         with pytest.raises(UnsupportedFile, match="unsupported file type"):
             files.file_format(name)
 
@@ -340,7 +361,12 @@ def test_a_file_whose_name_has_no_suffix_is_known_by_its_bytes():
     assert files.file_format("upload", sample("srt")) == "srt"
     assert files.file_format("upload", sample("text")) == "text"
     assert files.file_format("upload", zip_of({"word/document.xml": b"<w:document/>"})) == "docx"
-    with pytest.raises(UnsupportedFile, match="no Word"):
+    assert files.file_format("upload", zip_of({"ppt/presentation.xml": b"<p/>"})) == "pptx"
+    assert files.file_format("upload", zip_of({"xl/workbook.xml": b"<w/>"})) == "xlsx"
+    for fmt in ("odt", "odp", "ods", "epub"):
+        assert files.file_format("upload", zip_of({"mimetype": formats.MEDIA_TYPES[fmt].encode()})) == fmt
+    assert files.file_format("upload", b"%PDF-1.7\n") == "pdf"
+    with pytest.raises(UnsupportedFile, match="no format nanomt knows"):
         files.file_format("upload", zip_of({"content.xml": b"<office/>"}))
-    with pytest.raises(UnsupportedFile, match="unsupported file type '.pdf'"):
-        files.file_format("a.pdf", b"%PDF")  # a suffix says what the file is: no guessing past it
+    with pytest.raises(UnsupportedFile, match="unsupported file type '.rtf'"):
+        files.file_format("a.rtf", b"<html><p>x</p>")  # a suffix says what the file is: no guessing past it

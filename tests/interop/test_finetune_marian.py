@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import tiny_config
-from test_marian import id_table, sentencepiece_model
+from marian_models import id_table, sentencepiece_model
 
 from nanomt.core.checkpoint import WEIGHTS, load_checkpoint, read_weights
 from nanomt.core.config import config_from_dict

@@ -3,14 +3,13 @@ save_pretrained, imported, and compared: logits, greedy and beam-4 translations,
 
 from __future__ import annotations
 
-import io
 import json
 import shutil
 from pathlib import Path
 
 import pytest
-import sentencepiece as spm
 import torch
+from marian_models import id_table, saved_random, sentencepiece_model, small_config
 
 transformers = pytest.importorskip("transformers")
 
@@ -24,27 +23,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 MAX_NEW = 12  # generated tokens, EOS included: generation_config.max_length counts the start token too
 SENTENCES = 16
-
-
-def sentencepiece_model(path: Path, vocab_size: int) -> bytes:
-    model = io.BytesIO()
-    spm.SentencePieceTrainer.train(input=str(path), model_writer=model, vocab_size=vocab_size, minloglevel=2)
-    return model.getvalue()
-
-
-def pieces(model: bytes) -> list[str]:
-    sp = spm.SentencePieceProcessor(model_proto=model)
-    return [sp.id_to_piece(i) for i in range(sp.get_piece_size()) if not (sp.is_control(i) or sp.is_unknown(i))]
-
-
-def id_table(*models: bytes, pad_last: bool) -> dict[str, int]:
-    """vocab.json as Marian's conversion writes it: </s> 0, <unk> 1, the pieces, <pad> (last, or at 2)."""
-    table = {"</s>": 0, "<unk>": 1} if pad_last else {"</s>": 0, "<unk>": 1, "<pad>": 2}
-    for model in models:
-        for piece in pieces(model):
-            table.setdefault(piece, len(table))
-    table.setdefault("<pad>", len(table))
-    return table
 
 
 @pytest.fixture(scope="module")
@@ -72,38 +50,15 @@ def marian_dir(request, corpus, tmp_path_factory) -> Path:
     tokenizer = transformers.MarianTokenizer(**files, separate_vocabs=not shared)
     tokenizer.save_pretrained(out)
     vocab, pad = len(tables["vocab"]), tables["vocab"]["<pad>"]
-    cfg = transformers.MarianConfig(
-        vocab_size=vocab,
+    cfg = small_config(
+        vocab,
+        pad,
         decoder_vocab_size=len(tables.get("target_vocab_file", tables["vocab"])),
         share_encoder_decoder_embeddings=shared,
         tie_word_embeddings=shared,
-        d_model=16,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=2,
-        decoder_attention_heads=2,
-        encoder_ffn_dim=32,
-        decoder_ffn_dim=32,
-        max_position_embeddings=64,
         activation_function="swish",
-        scale_embedding=True,
-        pad_token_id=pad,
-        decoder_start_token_id=pad,
-        eos_token_id=0,
-        forced_eos_token_id=None,  # nanomt cuts a translation at its max length without forcing EOS there
     )
-    torch.manual_seed(0 if shared else 1)
-    model = transformers.MarianMTModel(cfg).eval()
-    with torch.no_grad():  # weights far from their initialization, so that every one of them shows
-        for name, p in model.named_parameters():
-            p.normal_(1.0 if "layer_norm.weight" in name else 0.0, 0.1 if "layer_norm" in name else 0.4)
-        model.final_logits_bias.normal_(0.0, 1.0)
-        model.final_logits_bias[0, 0] += 3.0  # EOS: translations of many lengths, not all cut at max_len
-    gen = model.generation_config
-    gen.num_beams, gen.max_length, gen.bad_words_ids = 4, MAX_NEW + 1, [[pad]]
-    gen.forced_eos_token_id, gen.early_stopping, gen.length_penalty = None, False, 1.0
-    model.save_pretrained(out)
-    return out
+    return saved_random(cfg, out, seed=0 if shared else 1, max_new=MAX_NEW)
 
 
 @pytest.fixture(scope="module")

@@ -365,7 +365,7 @@ def test_glossary_copy_file_errors_and_the_character_limit(browser, base, lines,
         "document.getElementById('drop').dispatchEvent(new DragEvent('drop', {dataTransfer: dt, bubbles: true}));"
         "return document.getElementById('file-status').textContent;"
     )
-    assert page.b.execute_script(drop, "notes.pdf", 10).startswith("A .pdf file cannot be translated: use .txt")
+    assert page.b.execute_script(drop, "notes.xyz", 10).startswith("A .xyz file cannot be translated: use .txt")
     too_big = page.b.execute_script(drop, "big.txt", 11 * 2**20)
     assert too_big == "big.txt is 11.0 MB; the server takes files up to 10.0 MB.", too_big
     assert not page.el("translate-file").is_enabled()

@@ -57,6 +57,7 @@ OPERATIONS = [
     ("POST", "/translate"), ("POST", "/attention"), ("GET", "/languages"), ("POST", "/detect"),
     ("POST", "/suggest"), ("GET", "/frontend/settings"), ("POST", "/translate_file"),
     ("GET", "/download_file/{name}"), ("GET", "/health"), ("GET", "/ready"),
+    ("POST", "/file_jobs"), ("GET", "/file_jobs/{job_id}"), ("DELETE", "/file_jobs/{job_id}"),
 ]  # fmt: skip
 
 
@@ -95,7 +96,9 @@ WITH_INPUT = [op for op in OPERATIONS if op[0] == "POST"]  # the others have not
 def accepted(case, response, path: str) -> None:
     """A schema-valid request is not refused as invalid, but for the rules the schema states in words."""
     body, status = response.text, response.status_code
-    if path == "/translate_file" and status == 415:  # a file whose name's suffix, or whose bytes, it cannot read
+    if (
+        path in ("/translate_file", "/file_jobs") and status == 415
+    ):  # a file whose name's suffix, or whose bytes, it cannot read
         assert "unsupported file type" in body or "not UTF-8" in body or "not a valid" in body, body
         return
     if status == 422 and {e["type"] for e in response.json()["detail"]} <= set(CROSS_FIELD_RULES):
@@ -111,6 +114,13 @@ def explicit(api_schema, client, path: str) -> list:
     if path == "/translate_file":
         res = client.post("/translate_file", data={"source": "src", "target": "tgt"}, files={"file": ("a.txt", b"la.")})
         return [(api_schema[path]["POST"].Case(media_type="multipart/form-data", body={}), res)]
+    if path == "/file_jobs":
+        res = client.post("/file_jobs", data={"source": "src", "target": "tgt"}, files={"file": ("a.txt", b"la.")})
+        return [(api_schema[path]["POST"].Case(media_type="multipart/form-data", body={}), res)]
+    if path == "/file_jobs/{job_id}":
+        job = client.post("/file_jobs", data={"source": "src", "target": "tgt"}, files={"file": ("c.txt", b"la.")})
+        job_id = job.json()["id"]
+        return [(api_schema[path]["GET"].Case(path_parameters={"job_id": job_id}), client.get(f"/file_jobs/{job_id}"))]
     if path == "/download_file/{name}":
         kept = client.post("/translate_file", data={"source": "src", "target": "tgt"}, files={"file": ("b", b"la.")})
         name = kept.json()["translatedFileUrl"].rsplit("/", 1)[1]

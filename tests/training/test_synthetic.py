@@ -1,5 +1,6 @@
 """The built-in toy language pair: determinism, corpus files, and a grammar that is what it claims."""
 
+import hashlib
 import random
 from collections import defaultdict
 
@@ -8,6 +9,7 @@ import pytest
 from nanomt.training import synthetic
 from nanomt.training.synthetic import (
     ADJECTIVES,
+    LANGUAGES,
     NOUNS,
     VERBS,
     generate_aligned,
@@ -16,6 +18,7 @@ from nanomt.training.synthetic import (
     sample_sentence,
     vocabulary,
     write_corpus,
+    write_multilingual_corpus,
 )
 
 SRC_VOCAB, TGT_VOCAB = vocabulary("src"), vocabulary("tgt")
@@ -178,3 +181,163 @@ def test_docstring_example_is_a_generated_pair():
 def test_bad_side_is_rejected():
     with pytest.raises(ValueError, match="side"):
         vocabulary("en")
+
+
+# The third language and the multilingual corpus.
+THIRD_VOCAB = vocabulary("third")
+
+
+def sentence(tree: dict, side: str) -> str:
+    """The tree's sentence in one language, as text."""
+    return synthetic.detokenize([w for w, _ in realize(tree, side)])
+
+
+def test_source_and_target_unchanged_by_the_third_language():
+    # Pinned before the third language existed: other tests, the demo and trained runs rely on these sentences.
+    text = "\n".join(src + "\t" + tgt for src, tgt in generate_pairs(50, seed=3))
+    assert hashlib.sha256(text.encode()).hexdigest() == (
+        "30ec093dd33ad4f2d96a54e72d79679df613eeb0a24f3f61a3377d2540a9aa4d"
+    )
+
+
+def test_third_language_is_deterministic_covered_and_its_own(trees):
+    assert [realize(t, "third") for t in trees[:200]] == [realize(t, "third") for t in trees[:200]]
+    used = {w for tree in trees for w, _ in realize(tree, "third")}
+    assert used == set(THIRD_VOCAB)  # every word is in the vocabulary, and every entry is used
+    # Nouns and verbs in two numbers, invariable adjectives, two articles, numerals, conjunctions, "that", ".".
+    assert len(THIRD_VOCAB) == 2 * (len(NOUNS) + len(VERBS)) + len(ADJECTIVES) + 2 + 2 + 2 + 1 + 1
+    assert all(w.isascii() and (w.isalpha() and w.islower() or w == ".") for w in THIRD_VOCAB)
+    # No word but the period is shared with another language, so nothing can be copied across.
+    assert set(THIRD_VOCAB) & (set(SRC_VOCAB) | set(TGT_VOCAB)) == {synthetic.PERIOD}
+
+
+def test_third_language_is_never_longer_than_the_target(trees):
+    # MAX_LEN holds by construction: sample_sentence checks only the source and target, so as not to change them.
+    for tree in trees:
+        third = realize(tree, "third")
+        assert synthetic.MIN_LEN <= len(third) <= len(realize(tree, "tgt")) <= synthetic.MAX_LEN
+
+
+def test_third_language_hand_checked_examples():
+    np = {"noun": "king", "number": "pl", "det": "def", "adjs": ["old"]}
+    obj = {"noun": "cat", "number": "sg", "det": "indef", "adjs": ["red", "big"]}
+    tree = {"clauses": [{"subj": np, "verb": "see", "obj": obj}], "conj": None}
+    assert sentence(tree, "src") == "li savi dunuri un piro kamur belur vidant."
+    assert sentence(tree, "tgt") == "tha swil hulten grep ek blek grom krob."
+    assert sentence(tree, "third") == "kikita yahotu nei heko miku mohu wena."  # see the-kings old cat big red
+    girl = {"noun": "girl", "number": "sg", "det": "def", "adjs": []}
+    birds = {"noun": "bird", "number": "pl", "det": "two", "adjs": []}
+    fish = {"noun": "fish", "number": "pl", "det": "indef", "adjs": ["quick"]}
+    said = {"subj": girl, "verb": "say", "that": {"subj": birds, "verb": "sing"}}
+    tree = {"clauses": [said, {"subj": fish, "verb": "sleep"}], "conj": "but"}
+    assert sentence(tree, "tgt") == "tha brin siget dat twa velmen zing bot nork gorpen slom."
+    assert sentence(tree, "third") == "roka lani na ia huhuli wani yatiwi hena nenemo yapelu sepa."
+
+
+def test_third_language_order_and_agreement(trees):
+    for tree in trees:
+        words = realize(tree, "third")
+        position = {node: i for i, (_, node) in enumerate(words)}
+        analysis = {node: THIRD_VOCAB[w] for w, node in words}
+        for node, i in position.items():
+            clause, _, part = node.rpartition(".")
+            if part == "verb":
+                # Verb first in its clause, the subject right after it (VSO), and a plural subject doubles it.
+                assert i == min(j for n, j in position.items() if n.startswith(clause + "."))
+                assert words[i + 1][1].startswith(clause + ".subj.")
+                assert analysis[node][2] == analysis[clause + ".subj.noun"][2]
+            elif part.startswith("adj"):
+                assert i > position[clause + ".noun"]
+                assert all(i < j for n, j in position.items() if n.startswith(clause + ".adj") and n < node)
+            elif part == "det" and analysis[node][0] == "det":  # "the" follows its noun and agrees with it
+                assert i == position[clause + ".noun"] + 1 and analysis[node][2] == analysis[clause + ".noun"][2]
+            elif part == "det":  # a numeral precedes it
+                assert i == position[clause + ".noun"] - 1
+
+
+def test_third_language_aligns_to_the_source(trees):
+    # Every third-language word expresses a tree node the source expresses too, with the same meaning.
+    for tree in trees:
+        src = {node: SRC_VOCAB[w] for w, node in realize(tree, "src")}
+        for w, node in realize(tree, "third"):
+            assert THIRD_VOCAB[w][:2] == src[node][:2], (w, node)
+
+
+def test_every_language_says_one_tree_one_way(trees):
+    # A sentence names its tree in every language, so each of the six directions is a function.
+    for side in synthetic.SIDES:
+        seen = {}
+        for tree in trees:
+            assert seen.setdefault(sentence(tree, side), tree) == tree, side
+
+
+def test_docstring_example_third_line():
+    lines = [line.strip() for line in synthetic.__doc__.splitlines()]
+    src = next(line.removeprefix("source: ") for line in lines if line.startswith("source: "))
+    third = next(line.removeprefix("third:").strip() for line in lines if line.startswith("third:"))
+    rng = random.Random(0)
+    tree = next(t for t in (sample_sentence(rng) for _ in range(1000)) if sentence(t, "src") == src)
+    assert sentence(tree, "third") == third
+
+
+@pytest.fixture(scope="module")
+def multilingual(tmp_path_factory):
+    out = tmp_path_factory.mktemp("multi")
+    paths = write_multilingual_corpus(out, pairs_per_direction=100, seed=5, valid=30, test=40)
+    return out, paths, {name: path.read_text(encoding="utf-8").splitlines() for name, path in paths.items()}
+
+
+def test_multilingual_corpus_files(multilingual):
+    out, paths, lines = multilingual
+    directions = [(s, t) for s in LANGUAGES for t in LANGUAGES if s != t]
+    assert len(directions) == 6 and synthetic.LANGUAGES == {"xa": "src", "xb": "tgt", "xc": "third"}
+    names = [
+        f"{split}.{s}-{t}.{code}" for split in ("train", "valid", "test") for s, t in directions for code in (s, t)
+    ]
+    assert sorted(paths) == sorted(names) and all(paths[n] == out / n for n in names)
+    for name in names:
+        assert len(lines[name]) == {"train": 100, "valid": 30, "test": 40}[name.split(".")[0]]
+    # Every line pair is one tree in two languages, the first trees of the seed's stream.
+    rng = random.Random(5)
+    first = [sample_sentence(rng) for _ in range(1500)]
+    for name in names[::2]:
+        split, direction, _ = name.split(".")
+        s, t = direction.split("-")
+        real = {(sentence(tree, LANGUAGES[s]), sentence(tree, LANGUAGES[t])) for tree in first}
+        assert set(zip(lines[f"{split}.{direction}.{s}"], lines[f"{split}.{direction}.{t}"], strict=True)) <= real
+    # Each direction's train file says different things: trees are dealt to the directions in turn.
+    xb, xc = set(lines["train.xa-xb.xa"]), set(lines["train.xa-xc.xa"])
+    assert len(xb & xc) < 0.1 * len(xb)  # only a few short sentences come up twice
+
+
+def test_multilingual_held_out_is_shared_and_never_trained(multilingual, tmp_path):
+    _, paths, lines = multilingual
+    for split in ("valid", "test"):
+        for code in LANGUAGES:
+            # A language's held-out lines are the same whichever direction it is in (the same trees, in order).
+            files = [lines[n] for n in lines if n.startswith(split + ".") and n.endswith("." + code)]
+            assert len(files) == 4 and all(f == files[0] for f in files)
+    held_out = {line for name, text in lines.items() if not name.startswith("train.") for line in text}
+    trained = {line for name, text in lines.items() if name.startswith("train.") for line in text}
+    assert len(held_out) == 3 * (30 + 40) and not held_out & trained
+    # The held-out trees are write_corpus's for the same seed, and the whole corpus is deterministic.
+    toy = write_corpus(tmp_path / "toy", pairs=10, seed=5, valid=30, test=40)
+    assert toy["valid.src"].read_text() == paths["valid.xa-xb.xa"].read_text()
+    assert toy["test.tgt"].read_text() == paths["test.xa-xb.xb"].read_text()
+    again = write_multilingual_corpus(tmp_path / "again", pairs_per_direction=100, seed=5, valid=30, test=40)
+    assert all(again[n].read_bytes() == paths[n].read_bytes() for n in paths)
+    bigger = write_multilingual_corpus(tmp_path / "bigger", pairs_per_direction=150, seed=5, valid=30, test=40)
+    assert all(bigger[n].read_text().splitlines()[:100] == lines[n] for n in paths if n.startswith("train."))
+
+
+def test_multilingual_directions(tmp_path):
+    paths = write_multilingual_corpus(tmp_path, 20, valid=5, test=5, directions=[("xb", "xc"), ("xc", "xa")])
+    assert sorted(paths) == sorted(
+        f"{split}.{d}.{code}"
+        for split in ("train", "valid", "test")
+        for d in ("xb-xc", "xc-xa")
+        for code in d.split("-")
+    )
+    for bad in ([("xa", "xa")], [("xa", "en")], [("xa", "xb"), ("xa", "xb")], [("xa", "xb", "xc")]):
+        with pytest.raises(ValueError, match="direction"):
+            write_multilingual_corpus(tmp_path, 20, valid=5, test=5, directions=bad)

@@ -44,6 +44,14 @@ class Layout:
         """A translated file awaiting download: its media type, NUL, its bytes."""
         return self.key("file", name)
 
+    def job(self, id_: str) -> str:
+        """A file job's record: JSON {id, client, filename, status, sentences_done, sentences_total, ...}."""
+        return self.key("job", id_)
+
+    def job_cancel(self, id_: str) -> str:
+        """A file job's cancel flag, set by a DELETE on any replica, read by the one that runs the job."""
+        return self.key("job-cancel", id_)
+
     def cache(self, fingerprint: str) -> str:
         """A sentence's translation, by a digest of everything it depends on."""
         return self.key("cache", fingerprint)
