@@ -102,11 +102,24 @@ def targets_of(tokenizer: Tokenizer, target: str | None, where: str) -> list[tup
     return [(target, found[0])]
 
 
-def siblings(source: str, pairs: list[tuple[str, str | None]], cfg: Config, tokenizer: Tokenizer, **kw) -> list[Model]:
-    """The Models of one run's pairs: the first loads the run, the others share its lock and Translator."""
-    first = Model(source, pairs[0][0], cfg, tokenizer, code=pairs[0][1], **kw)
-    rest = [Model(source, t, cfg, tokenizer, code=c, owner=first, lock=first.lock, **kw) for t, c in pairs[1:]]
-    return [first, *rest]
+def siblings(
+    source: str,
+    pairs: list[tuple[str, str | None]],
+    cfg: Config,
+    tokenizer: Tokenizer,
+    owner: Model | None = None,
+    **kw,
+) -> list[Model]:
+    """The Models of one run's pairs from `source` (a target that is the source itself left out: a many-to-many
+    run's): the first (or `owner`, the run's Model from another source) loads the run, the others share its lock
+    and Translator."""
+    pairs = [(target, code) for target, code in pairs if target != source] or pairs
+    models = []
+    for target, code in pairs:
+        shared = {} if owner is None else {"owner": owner, "lock": owner.lock}
+        models.append(Model(source, target, cfg, tokenizer, code=code, **shared, **kw))
+        owner = owner or models[0]
+    return models
 
 
 class ModelSet:
@@ -138,7 +151,7 @@ class ModelSet:
     def read(cls, specs, pivot: str, max_loaded: int | None, device: str, int8: bool) -> ModelSet:
         """The runs of `specs` (ModelSpec), each config and tokenizer read now (a run that cannot be read is a
         one-line error naming it), their weights when first used."""
-        models = []
+        models, owners = [], {}
         for spec in specs:
             try:
                 config_path, tokenizer_dir = find_run_files(spec.path)
@@ -152,7 +165,11 @@ class ModelSet:
                 )
             except ValueError as e:
                 raise CheckpointError(str(e)) from None
-            models += siblings(spec.source or source, pairs, cfg, tokenizer, path=spec.path)
+            # A multilingual run served from several sources (a many-to-many one) is loaded once; a run of one pair
+            # named twice is two models, each loaded and unloaded on its own.
+            run = owners.get(spec.path) if tokenizer.target_codes else None
+            models += siblings(spec.source or source, pairs, cfg, tokenizer, run, path=spec.path)
+            owners.setdefault(spec.path, models[-1].owner or models[-1])
         return cls(models, pivot, max_loaded, device, int8)
 
     @property

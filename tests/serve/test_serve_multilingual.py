@@ -57,6 +57,18 @@ def test_each_target_of_the_run_is_served_with_its_code(run, corpus):
     assert len(loaded) == 1 and None not in loaded  # one Translator for all three targets
 
 
+def test_a_run_served_from_several_sources_is_loaded_once_and_never_into_its_source(run, corpus):
+    models = served([f"en-mul={run}", f"fr-mul={run}"])
+    assert [m.name for m in models.models] == ["en-fr", "en-es", "en-pt", "fr-es", "fr-pt"]
+    line = corpus["test.src"].read_text().splitlines()[0]
+    with TestClient(create_app(models)) as c:
+        for source, target in (("en", "pt"), ("fr", "es")):
+            res = c.post("/translate", json={"q": line, "source": source, "target": target})
+            expected = Translator.from_checkpoint(run).translate([line], target_lang=SERVED[target])[0]
+            assert res.json()["translatedText"] == expected
+    assert len({id(m.translator) for m in models.models}) == 1
+
+
 def test_a_run_served_for_one_of_its_targets_and_a_target_it_lacks(run):
     models = served([f"en-fr={run}"])
     assert [(m.name, m.code) for m in models.models] == [("en-fr", "fra")]
