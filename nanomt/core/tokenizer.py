@@ -265,6 +265,14 @@ class IdTable:
         return [[self.ids.get(p, self.unk_id) for p in tag + ps] for tag, ps in zip(tags, pieces)]
 
 
+def language_of(text: str, code: str | None) -> str | None:
+    """The language a sentence is translated into, by its code: `code` (fra or >>fra<<), else the >>code<< the
+    text starts with; None for neither."""
+    if code is not None:
+        return m.group(1) if (m := LANGUAGE_TOKEN.fullmatch(code)) else code
+    return m.group(1) if (m := LANGUAGE_START.match(text)) else None
+
+
 def _join_pieces(sp: spm.SentencePieceProcessor, pieces: list[str]) -> str:
     """Pieces to text; a table's pieces may be the other language's, which `sp` passes through with their ▁."""
     return sp.decode_pieces(pieces).replace("\u2581", " ").strip()

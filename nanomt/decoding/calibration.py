@@ -50,8 +50,16 @@ class Calibration:
     bias: float
     weights_sha256: str = ""  # the weights file it was fitted for ("" when fitted in memory)
     fit: dict = field(default_factory=dict)  # what it was fitted on, and how well it fits there
+    # A multilingual model's fits of its own for each target language with enough sentences (by code); the others'
+    # sentences, and a sentence of no known language, take this one's, fitted on every language together.
+    by_language: dict = field(default_factory=dict)
 
     def __post_init__(self):
+        if not isinstance(self.by_language, dict):
+            raise CalibrationError("by_language must be a mapping of language codes to calibrations")
+        # Read from JSON, each language's calibration is a mapping: made one here, where it is checked too.
+        languages = {code: c if isinstance(c, Calibration) else of_dict(c) for code, c in self.by_language.items()}
+        object.__setattr__(self, "by_language", languages)
         if self.kind not in KINDS:
             raise CalibrationError(f"unknown calibration kind {self.kind!r} (known: {', '.join(KINDS)})")
         unknown = [f for f in self.features if f not in FEATURES]
@@ -70,8 +78,17 @@ class Calibration:
         if not isinstance(self.weights_sha256, str) or not isinstance(self.fit, dict):
             raise CalibrationError("weights_sha256 must be a string and fit a mapping")
 
-    def predict(self, rows: Sequence[dict[str, float]]) -> np.ndarray:
-        """(N,) each sentence's confidence from its features."""
+    def predict(self, rows: Sequence[dict[str, float]], languages: Sequence[str | None] | None = None) -> np.ndarray:
+        """(N,) each sentence's confidence from its features, by its target language's own fit where it has one
+        (`languages`: each sentence's code, or None)."""
+        out = self._predict(rows)
+        for code, cal in self.by_language.items():
+            idx = [i for i, lang in enumerate(languages or ()) if lang == code]
+            if idx:
+                out[idx] = cal.predict([rows[i] for i in idx])
+        return out
+
+    def _predict(self, rows: Sequence[dict[str, float]]) -> np.ndarray:
         x = np.array([[r[f] for f in self.features] for r in rows], dtype=np.float64).reshape(len(rows), -1)
         z = (x - np.array(self.mean)) / np.array(self.scale) @ np.array(self.weights) + self.bias  # (N,)
         if self.kind == "line":
@@ -186,6 +203,14 @@ def sentence_chrf(hypotheses: Sequence[str], references: Sequence[str]) -> list[
     return [metric.sentence_score(h, [r]).score / 100 for h, r in zip(hypotheses, references)]
 
 
+def of_dict(stored: dict) -> Calibration:
+    """A calibration from its JSON form (lists where it has tuples)."""
+    if not isinstance(stored, dict):
+        raise CalibrationError(f"a calibration is a mapping, not {type(stored).__name__}")
+    tuples = {name: tuple(stored[name]) for name in ("features", "mean", "scale", "weights")}
+    return Calibration(**{**stored, **tuples})
+
+
 def load(directory: str | Path, weights: str | Path) -> Calibration | None:
     """The calibration stored in `directory` for the weights file `weights`; None (and a log line saying why) when
     there is none, or when it was fitted for other weights. A damaged or invalid file is a CalibrationError naming
@@ -194,9 +219,7 @@ def load(directory: str | Path, weights: str | Path) -> Calibration | None:
     if not path.is_file():
         return None
     try:
-        stored = json.loads(path.read_text(encoding="utf-8"))
-        cal = Calibration(**{**stored, "features": tuple(stored["features"]), "mean": tuple(stored["mean"]),
-                             "scale": tuple(stored["scale"]), "weights": tuple(stored["weights"])})  # fmt: skip
+        cal = of_dict(json.loads(path.read_text(encoding="utf-8")))
     except (OSError, ValueError, KeyError, TypeError) as e:
         problem = f"no {e} field" if isinstance(e, KeyError) else str(e).splitlines()[0]
         raise CalibrationError(f"{path}: cannot read the calibration: {problem}") from None

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from nanomt.core.decoding import Decoding
+from nanomt.core.tokenizer import language_of
 from nanomt.decoding import calibration as calib
 from nanomt.decoding.calibration import Calibration
 from nanomt.decoding.ensemble import Ensemble
@@ -88,7 +89,8 @@ def translate_confident(
         whole = TokenScores.join([read[k] for k in parts[i]])
         words = [w for k in parts[i] for w in word_list(t, rows[k][0].tokens, read[k])]
         features = whole.features()
-        confidence = None if t.calibration is None else float(t.calibration.predict([features])[0])
+        language = [language_of(sentences[i], decoding.target_lang)]  # a multilingual model's fit for it
+        confidence = None if t.calibration is None else float(t.calibration.predict([features], language)[0])
         out.append(Confident(texts[i][0], best.score, confidence, whole.mean_log_prob, tuple(words), features))
     return out
 

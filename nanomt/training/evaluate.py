@@ -13,7 +13,7 @@ from nanomt.core.checkpoint import checkpoint_weights, file_sha256
 from nanomt.core.config import Config
 from nanomt.core.decoding import Decoding
 from nanomt.core.runtime import Runtime
-from nanomt.core.tokenizer import LANGUAGE_START
+from nanomt.core.tokenizer import language_of
 from nanomt.decoding import calibration as calib
 from nanomt.decoding.calibration import Calibration, agreement, sentence_chrf
 from nanomt.decoding.translate import Translator
@@ -114,24 +114,26 @@ def calibrate(
         "beam_size": decoding.beam_size,
         "raw_score": {"pearson": raw["pearson"], "spearman": raw["spearman"]},
     }
-    predicted = fitted.predict([c.features for c in confident])
-    by_language = agreement_by_language([s for s, _ in pairs], predicted, chrf)
-    if by_language:  # a multilingual model's sentences: one fit for all, how it agrees within each language
-        described["by_language"] = by_language
-    fitted = dataclasses.replace(fitted, weights_sha256=file_sha256(weights), fit=described)
+    languages = [language_of(s, decoding.target_lang) for s, _ in pairs]
+    by_language = fit_by_language(languages, [c.features for c in confident], chrf)
+    fitted = dataclasses.replace(fitted, weights_sha256=file_sha256(weights), fit=described, by_language=by_language)
     fitted.save(Path(weights).parent)
     translator.calibration = fitted
     return fitted
 
 
-def agreement_by_language(sources: list[str], predicted, actual: list[float]) -> dict[str, dict]:
-    """A multilingual validation set's agreement of the confidence with sentence chrF within each target language,
-    by the >>code<< its sources start with ({} where none does)."""
+def fit_by_language(languages: list[str | None], features: list[dict], chrf: list[float]) -> dict[str, Calibration]:
+    """A multilingual model's calibration of each target language with enough sentences of its own (the others' take
+    the fit of every language together)."""
     groups: dict[str, list[int]] = {}
-    for i, src in enumerate(sources):
-        if (m := LANGUAGE_START.match(src)) is not None:
-            groups.setdefault(m.group(1), []).append(i)
-    return {code: agreement([predicted[i] for i in idx], [actual[i] for i in idx]) for code, idx in groups.items()}
+    for i, code in enumerate(languages):
+        if code is not None:
+            groups.setdefault(code, []).append(i)
+    return {
+        code: calib.fit([features[i] for i in idx], [chrf[i] for i in idx])
+        for code, idx in groups.items()
+        if len(idx) >= calib.MIN_SENTENCES
+    }
 
 
 def calibrate_run(cfg: Config, run_dir: Path, rt: Runtime) -> None:

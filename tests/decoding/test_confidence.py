@@ -189,6 +189,26 @@ def test_a_calibration_for_other_weights_is_not_used(tmp_path):
         calib.load(tmp_path, weights)
 
 
+def test_a_multilingual_calibration_predicts_each_language_by_its_own_fit(tmp_path):
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"weights")
+    rows, y = rows_and_targets(200)
+    pooled, own = calib.fit(rows, y), calib.fit(rows, 1 - y)  # a language whose truth runs the other way
+    fitted = dataclasses.replace(pooled, weights_sha256=file_sha256(weights), by_language={"xb": own})
+    languages = ["xb", "xc", None] * 3
+    got = fitted.predict(rows[:9], languages)
+    want = [own.predict([r])[0] if lang == "xb" else pooled.predict([r])[0] for r, lang in zip(rows, languages)]
+    assert got == pytest.approx(want) and not np.allclose(own.predict(rows[:9]), pooled.predict(rows[:9]))
+    fitted.save(tmp_path)
+    loaded = calib.load(tmp_path, weights)
+    assert set(loaded.by_language) == {"xb"} and loaded.predict(rows[:9], languages) == pytest.approx(want)
+    broken = json.loads((tmp_path / calib.CALIBRATION).read_text())
+    broken["by_language"]["xb"]["bias"] = None
+    (tmp_path / calib.CALIBRATION).write_text(json.dumps(broken))
+    with pytest.raises(calib.CalibrationError, match="bias: None is not"):
+        calib.load(tmp_path, weights)
+
+
 @pytest.mark.parametrize(
     ("field", "value", "problem"),
     [("mean", (math.nan,), "mean: nan is not a finite number"), ("bias", math.inf, "bias: inf is not"),

@@ -24,7 +24,8 @@ PAIRS = 1500  # of each direction
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    return write_multilingual_corpus(tmp_path_factory.mktemp("three"), pairs_per_direction=PAIRS, valid=40, test=40)
+    # 60 test sentences a direction: 120 a target language, enough for a calibration of its own
+    return write_multilingual_corpus(tmp_path_factory.mktemp("three"), pairs_per_direction=PAIRS, valid=40, test=60)
 
 
 def multilingual_config(corpus, **train) -> dict:
@@ -94,5 +95,9 @@ def test_one_model_translates_every_direction_it_was_trained_on(corpus, tmp_path
     assert set(report["bleu_by_language"]) == set(LANGUAGES)
     srcs, targets = tagged.read_text().splitlines(), refs.read_text().splitlines()
     fitted = calibrate(translator, srcs, targets, checkpoint_weights(run), decoding=translator.default_decoding)
-    assert set(fitted.fit["by_language"]) == set(LANGUAGES)
-    assert sum(a["sentences"] for a in fitted.fit["by_language"].values()) == len(srcs)
+    assert set(fitted.by_language) == set(LANGUAGES)
+    assert sum(c.fit["sentences"] for c in fitted.by_language.values()) == len(srcs)
+    confident = Translator.from_checkpoint(run).translate_confident(srcs[::40], beam_size=1)
+    for src, c in zip(srcs[::40], confident):  # each sentence's confidence by its target language's own fit
+        own = fitted.by_language[src[2:4]].predict([c.features])[0]
+        assert c.confidence == pytest.approx(own) and own != pytest.approx(fitted.predict([c.features])[0])
