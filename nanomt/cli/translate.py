@@ -179,15 +179,17 @@ def write_confident(out: TextIO, translator, args, decoding, lines: list[str], p
 
 def translate_file(args: argparse.Namespace, translator, decoding) -> None:
     """--format: the whole input read as one document, written in the same format (formatting kept), its language
-    tags set to the run's target language where its config names a pair; the sentences done shown on stderr when
-    it is a terminal."""
-    from nanomt.core.languages import language_pair
+    tags set to the target language (--target-lang's, else the run's where its config names a pair); the sentences
+    done shown on stderr when it is a terminal."""
+    from nanomt.core.languages import language_pair, served_code
+    from nanomt.core.tokenizer import language_of
     from nanomt.documents import translation as dt
 
     data = Path(args.input).read_bytes() if args.input else sys.stdin.buffer.read()
     align, n_best, source = dt.for_translator(translator, decoding, args.max_tokens)
     pair = language_pair(translator.cfg.data)
-    target = pair[1] if pair else None
+    asked = language_of("", decoding.target_lang)  # a multilingual model's code, as fra or >>fra<<
+    target = served_code(asked) if asked else pair[1] if pair else None
     shown = sys.stderr.isatty()
     progress = _progress(shown)
 

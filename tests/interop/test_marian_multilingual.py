@@ -4,6 +4,8 @@ a missing or unknown code refused naming the model's codes; the codes kept throu
 
 from __future__ import annotations
 
+import re
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -130,6 +132,22 @@ def test_the_command_line_takes_a_target_language(imported, lines, tmp_path, cap
         main(["translate", str(imported), "--input", str(src)])
     err = capsys.readouterr().err
     assert e.value.code == 1 and err.count("\n") == 1 and "its codes: fra, spa, por" in err, err
+
+
+def test_a_file_translated_for_a_target_language_is_tagged_with_it(imported, lines, tmp_path):
+    odf = pytest.importorskip("odf.opendocument")
+    from odf import text
+
+    doc = odf.OpenDocumentText()
+    doc.text.addElement(text.P(text=lines[0]))
+    doc.save(str(tmp_path / "in.odt"))
+    out = tmp_path / "out.odt"
+    main(["translate", str(imported), "--format", "odt", "--target-lang", "spa", "--input", str(tmp_path / "in.odt"),
+          "--output", str(out)])  # fmt: skip
+    meta = zipfile.ZipFile(out).read("meta.xml").decode()
+    assert re.search(r"<dc:language[^>]*>es</dc:language>", meta)  # spa, as a document's language tag: es
+    expected = Translator.from_checkpoint(imported).translate(lines[:1], target_lang="spa")[0]
+    assert expected in zipfile.ZipFile(out).read("content.xml").decode()
 
 
 def test_the_codes_go_through_export_marian_and_back(imported, lines, tmp_path):
