@@ -85,7 +85,7 @@ class Tokenizer:
         taken off the text. ValueError for a multilingual model's text with neither (a blank one needs none) or
         with both, and for a code given to any other model."""
         if not self.target_codes or code is not None:
-            tagged = next((i for i, t in enumerate(texts) if self._lead(t)[0]), None) if self.target_codes else None
+            tagged = next((i for i, t in enumerate(texts) if self._lead(t)[0]), None)  # none without codes
             if tagged is not None:
                 raise ValueError(f"text {tagged + 1} starts with its own language token: give the target language once")
             return [self.language_token(code)] * len(texts), list(texts)

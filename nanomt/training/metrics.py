@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from sacrebleu.metrics import BLEU, CHRF
 
-from nanomt.core.tokenizer import LANGUAGE_START
+from nanomt.core.tokenizer import language_of
 
 
 @dataclass(frozen=True)
@@ -70,9 +70,8 @@ def bleu_by_language(sources: list[str], hypotheses: list[str], references: list
     ({} where none does)."""
     groups: dict[str, tuple[list[str], list[str]]] = {}
     for src, hyp, ref in zip(sources, hypotheses, references):
-        m = LANGUAGE_START.match(src)
-        if m is not None:
-            hyps, refs = groups.setdefault(m.group(1), ([], []))
+        if (code := language_of(src, None)) is not None:
+            hyps, refs = groups.setdefault(code, ([], []))
             hyps.append(hyp)
             refs.append(ref)
     return {code: round(bleu(hyps, refs), 2) for code, (hyps, refs) in groups.items()}
