@@ -9,7 +9,9 @@ student distilled from their ensemble; every row measured in the same run on thi
    each with its checkpoint, beam and length penalty chosen on val (as scripts/multi30k.py chooses them).
 2. The fast student: `nanomt distill TEACHER --src train.de --student fast --int8` (the teacher's chosen decoding;
    a 6-layer encoder, a 1-layer decoder), trained --minutes on the translations; its checkpoint and decoding
-   chosen on val. With --members > 1, the ensemble's student too: the members translate train.de together.
+   chosen on val. With --members > 1, the ensemble's student too: the members translate train.de together, and a
+   student of the teacher's own shape (`--student same`, started from the first member) learns their translations:
+   the ensemble's student is there for quality (one model above each of its members), the fast one for speed.
 3. Each model's test2016 BLEU and chrF (float32 and int8, `nanomt evaluate`), and its decoding speed as whole
    processes: `nanomt translate --int8` on test2016 at the teacher's beam, and CTranslate2 running the same
    export (int8), the commands alternated round-robin, the median of --reps rounds.
@@ -65,12 +67,12 @@ def teacher(seed: int, root: Path, args: argparse.Namespace) -> dict:
     return {"run_dir": run_dir, "stage_seconds": round(time.time() - start, 1), **finalize(run_dir, args.data)}
 
 
-def student(name: str, teachers: list[dict], root: Path, args: argparse.Namespace) -> dict:
-    """A fast student of the teachers (an ensemble where several), trained --minutes on their translations of
-    train.de; the translating and the training timed apart (distill.log has both)."""
+def student(name: str, shape: str, teachers: list[dict], root: Path, args: argparse.Namespace) -> dict:
+    """A student of the teachers (an ensemble where several) of the preset `shape`, trained --minutes on their
+    translations of train.de; the translating and the training timed apart (distill.log has both)."""
     run_dir = root / name
     cmd = [*NANOMT, "distill", *(str(t["final"]) for t in teachers), "--src", str(args.data / "train.de"),
-           "--run-dir", str(run_dir), "--student", "fast", "--int8", "--set", f"train.max_minutes={args.minutes}",
+           "--run-dir", str(run_dir), "--student", shape, "--int8", "--set", f"train.max_minutes={args.minutes}",
            *(x for o in args.student_set for x in ("--set", o))]  # fmt: skip
     print("$", " ".join(cmd), flush=True)
     start = time.time()
@@ -165,11 +167,11 @@ def main() -> None:
     root = ROOT / "runs" / args.out.stem
     start = time.time()
     teachers = [teacher(seed, root, args) for seed in range(1, args.members + 1)]
-    models = {"teacher": teachers[0], "fast_student": student("fast_student", teachers[:1], root, args)}
+    models = {"teacher": teachers[0], "fast_student": student("fast_student", "fast", teachers[:1], root, args)}
     for k, t in enumerate(teachers[1:], start=2):
         models[f"teacher_seed{k}"] = t
     if args.members > 1:
-        models["ensemble_student"] = student("ensemble_student", teachers, root, args)
+        models["ensemble_student"] = student("ensemble_student", "same", teachers, root, args)
     rows = {name: row(m, args.data) for name, m in models.items()}
     beam = teachers[0]["beam"]
     timing = speeds({k: v for k, v in models.items() if "seed" not in k}, beam, root / "speed", args)
@@ -182,7 +184,8 @@ def main() -> None:
             rows[name]["speedup_vs_teacher_ct2"] = round(timing["teacher ct2 int8"] / timing[f"{name} nanomt int8"], 2)
     result = {
         "task": "Multi30k de->en, test2016, detokenized cased sacreBLEU (13a) and chrF: teachers (the recipe "
-        "model), students distilled from them (nanomt distill --student fast); decoding speed as whole processes "
+        "model), students distilled from them (nanomt distill: --student fast from the first, --student same from "
+        "the ensemble); decoding speed as whole processes "
         f"(nanomt translate --int8 and CTranslate2 int8 on the same export, beam {beam}, 2 threads, median of "
         f"{args.reps} alternated rounds); each stage's minutes",
         "minutes_a_stage": args.minutes,
