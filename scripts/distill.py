@@ -61,10 +61,15 @@ def finalize(run_dir: Path, data: Path) -> dict:
 def teacher(seed: int, root: Path, args: argparse.Namespace) -> dict:
     """The recipe model of one seed, trained --minutes, with its choices on val."""
     run_dir = root / f"teacher_seed{seed}"
-    start = time.time()
+    fresh, start = not run_dir.exists(), time.time()
     overrides = [*data_overrides(args.data), f"train.seed={seed}", f"train.max_minutes={args.minutes}"]
     run_training(args.config, run_dir, overrides)
-    return {"run_dir": run_dir, "stage_seconds": round(time.time() - start, 1), **finalize(run_dir, args.data)}
+    return {"run_dir": run_dir, "stage_seconds": stage_seconds(fresh, start), **finalize(run_dir, args.data)}
+
+
+def stage_seconds(fresh: bool, start: float) -> float | None:
+    """A stage's wall time, known only when it ran whole here: a resumed stage's earlier part is not timed."""
+    return round(time.time() - start, 1) if fresh else None
 
 
 def student(name: str, shape: str, teachers: list[dict], root: Path, args: argparse.Namespace) -> dict:
@@ -75,13 +80,14 @@ def student(name: str, shape: str, teachers: list[dict], root: Path, args: argpa
            "--run-dir", str(run_dir), "--student", shape, "--int8", "--set", f"train.max_minutes={args.minutes}",
            *(x for o in args.student_set for x in ("--set", o))]  # fmt: skip
     print("$", " ".join(cmd), flush=True)
-    start = time.time()
+    fresh, start = not run_dir.exists(), time.time()
     subprocess.run(cmd, check=True)
-    summary = training_summary(run_dir)
+    seconds = stage_seconds(fresh, start)
+    train_seconds = training_summary(run_dir)["train_wall_seconds"]
     return {
         "run_dir": run_dir,
-        "stage_seconds": round(time.time() - start, 1),
-        "teacher_translating_seconds": round(time.time() - start - summary["train_wall_seconds"], 1),
+        "stage_seconds": seconds,
+        "teacher_translating_seconds": None if seconds is None else round(seconds - train_seconds, 1),
         **finalize(run_dir, args.data),
     }
 
@@ -121,6 +127,10 @@ def scores(m: dict, data: Path) -> dict:
     return {"bleu": fp32["bleu"], "chrf": fp32["chrf"], "int8_bleu": int8["bleu"], "int8_chrf": int8["chrf"]}
 
 
+def minutes(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds / 60, 1)
+
+
 def row(m: dict, data: Path) -> dict:
     """A model's line of the results: its scores, choices, parameters and time."""
     summary = training_summary(m["run_dir"])
@@ -131,12 +141,7 @@ def row(m: dict, data: Path) -> dict:
         "checkpoint": m["checkpoint"],
         "run_dir": shown(m["run_dir"]),
         "train_minutes": round(summary["train_wall_seconds"] / 60, 1),
-        "stage_minutes": round(m["stage_seconds"] / 60, 1),
-        **(
-            {"teacher_translating_minutes": round(m["teacher_translating_seconds"] / 60, 1)}
-            if "teacher_translating_seconds" in m
-            else {}
-        ),  # fmt: skip
+        **{f"{k}_minutes": minutes(m[f"{k}_seconds"]) for k in ("stage", "teacher_translating") if f"{k}_seconds" in m},
         "steps": summary["steps"],
         "valid_greedy_bleu_curve": summary["valid_greedy_bleu_curve"],
         "selection_on_val": m["val"],
@@ -182,6 +187,7 @@ def main() -> None:
             rows[name]["test2016_seconds_ct2_int8"] = timing[f"{name} ct2 int8"]
             rows[name]["speedup_vs_teacher_nanomt"] = round(teacher_s / timing[f"{name} nanomt int8"], 2)
             rows[name]["speedup_vs_teacher_ct2"] = round(timing["teacher ct2 int8"] / timing[f"{name} nanomt int8"], 2)
+    whole = all(m["stage_seconds"] is not None for m in models.values())  # no stage resumed an earlier invocation's
     result = {
         "task": "Multi30k de->en, test2016, detokenized cased sacreBLEU (13a) and chrF: teachers (the recipe "
         "model), students distilled from them (nanomt distill: --student fast from the first, --student same from "
@@ -193,7 +199,7 @@ def main() -> None:
         "beam_for_speed": beam,
         "models": rows,
         "speed_seconds": timing,
-        "recipe_minutes": round((time.time() - start) / 60, 1),
+        "recipe_minutes": minutes(time.time() - start) if whole else None,
         "data": shown(args.data),
         "commit": git("rev-parse", "HEAD"),
         "machine": machine(),
