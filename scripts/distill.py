@@ -140,7 +140,7 @@ def row(m: dict, data: Path) -> dict:
         "length_penalty": m["length_penalty"],
         "checkpoint": m["checkpoint"],
         "run_dir": shown(m["run_dir"]),
-        "train_minutes": round(summary["train_wall_seconds"] / 60, 1),
+        "train_minutes": minutes(summary["train_wall_seconds"]),
         **{f"{k}_minutes": minutes(m[f"{k}_seconds"]) for k in ("stage", "teacher_translating") if f"{k}_seconds" in m},
         "steps": summary["steps"],
         "valid_greedy_bleu_curve": summary["valid_greedy_bleu_curve"],
