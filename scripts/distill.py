@@ -10,8 +10,10 @@ student distilled from their ensemble; every row measured in the same run on thi
 2. The fast student: `nanomt distill TEACHER --src train.de --student fast --int8` (the teacher's chosen decoding;
    a 6-layer encoder, a 1-layer decoder), trained --minutes on the translations; its checkpoint and decoding
    chosen on val. With --members > 1, the ensemble's student too: the members translate train.de together, and a
-   student of the teacher's own shape (`--student same`, started from the first member) learns their translations:
-   the ensemble's student is there for quality (one model above each of its members), the fast one for speed.
+   student of the teacher's own shape (`--student same`, started from the first member) learns their translations
+   mixed with the original pairs (`--pairs train.de train.en`, one weight each; docs/experiments.md has the student
+   of the translations alone): the ensemble's student is there for quality (one model above each of its members),
+   the fast one for speed.
 3. Each model's test2016 BLEU and chrF (float32 and int8, `nanomt evaluate`), and its decoding speed as whole
    processes: `nanomt translate --int8` on test2016 at the teacher's beam, and CTranslate2 running the same
    export (int8), the commands alternated round-robin, the median of --reps rounds.
@@ -72,12 +74,17 @@ def stage_seconds(fresh: bool, start: float) -> float | None:
     return round(time.time() - start, 1) if fresh else None
 
 
-def student(name: str, shape: str, teachers: list[dict], root: Path, args: argparse.Namespace) -> dict:
+def student(
+    name: str, shape: str, teachers: list[dict], root: Path, args: argparse.Namespace, pairs: bool = False
+) -> dict:
     """A student of the teachers (an ensemble where several) of the preset `shape`, trained --minutes on their
-    translations of train.de; the translating and the training timed apart (distill.log has both)."""
+    translations of train.de (and the train pairs where `pairs`); the translating and the training timed apart
+    (distill.log has both)."""
     run_dir = root / name
+    train_pairs = ["--pairs", str(args.data / "train.de"), str(args.data / "train.en")] if pairs else []
     cmd = [*NANOMT, "distill", *(str(t["final"]) for t in teachers), "--src", str(args.data / "train.de"),
-           "--run-dir", str(run_dir), "--student", shape, "--int8", "--set", f"train.max_minutes={args.minutes}",
+           "--run-dir", str(run_dir), "--student", shape, "--int8", *train_pairs,
+           "--set", f"train.max_minutes={args.minutes}",
            *(x for o in args.student_set for x in ("--set", o))]  # fmt: skip
     print("$", " ".join(cmd), flush=True)
     fresh, start = not run_dir.exists(), time.time()
@@ -176,7 +183,7 @@ def main() -> None:
     for k, t in enumerate(teachers[1:], start=2):
         models[f"teacher_seed{k}"] = t
     if args.members > 1:
-        models["ensemble_student"] = student("ensemble_student", "same", teachers, root, args)
+        models["ensemble_student"] = student("ensemble_student", "same", teachers, root, args, pairs=True)
     rows = {name: row(m, args.data) for name, m in models.items()}
     beam = teachers[0]["beam"]
     timing = speeds({k: v for k, v in models.items() if "seed" not in k}, beam, root / "speed", args)
@@ -191,7 +198,7 @@ def main() -> None:
     result = {
         "task": "Multi30k de->en, test2016, detokenized cased sacreBLEU (13a) and chrF: teachers (the recipe "
         "model), students distilled from them (nanomt distill: --student fast from the first, --student same from "
-        "the ensemble); decoding speed as whole processes "
+        "the ensemble, with the train pairs mixed in); decoding speed as whole processes "
         f"(nanomt translate --int8 and CTranslate2 int8 on the same export, beam {beam}, 2 threads, median of "
         f"{args.reps} alternated rounds); each stage's minutes",
         "minutes_a_stage": args.minutes,
