@@ -17,7 +17,8 @@ student distilled from their ensemble; every row measured in the same run on thi
 3. Each model's test2016 BLEU and chrF (float32 and int8, `nanomt evaluate`), and its decoding speed as whole
    processes: `nanomt translate --int8` on test2016 at the teacher's beam, and CTranslate2 running the same
    export (int8), the commands alternated round-robin, the median of --reps rounds.
-Runs live in runs/<--out's name>/ (re-running resumes each stage or skips it). Writes --out with the commit it ran.
+Runs live in runs/<--out's name>/ (re-running resumes each stage or skips it, its choices on val too). Writes --out
+with the commit it ran.
 """
 
 from __future__ import annotations
@@ -52,12 +53,22 @@ CT2 = [sys.executable, "-m", "benchmarks.translate_ct2"]  # its plain CTranslate
 
 
 def finalize(run_dir: Path, data: Path) -> dict:
-    """The run's checkpoint, beam and length penalty chosen on val, as a checkpoint of its own (final/)."""
+    """The run's checkpoint, beam and length penalty chosen on val, as a checkpoint of its own (final/); a re-run
+    takes the choices recorded in selection/choice.json while the run's newest checkpoint is the one they saw."""
+    from nanomt.core.checkpoint import step_dirs
+
+    record, newest = run_dir / "selection" / "choice.json", step_dirs(run_dir)[-1][0]
+    if record.is_file() and (run_dir / "final").is_dir():
+        choice = json.loads(record.read_text(encoding="utf-8"))
+        if choice.pop("newest_step") == newest:
+            return {"final": run_dir / "final", **choice}
     chosen, checkpoints = choose_checkpoint(run_dir, data, run_dir / "selection")
     beam, lp, decodings = choose_decoding(chosen, data)
-    final = with_decoding(chosen, run_dir / "final", beam, lp)
     picked = max(checkpoints, key=lambda r: r["val_bleu_beam5"])["checkpoint"]
-    return {"final": final, "beam": beam, "length_penalty": lp, "checkpoint": picked, "val": decodings}
+    choice = {"beam": beam, "length_penalty": lp, "checkpoint": picked, "val": decodings}
+    final = with_decoding(chosen, run_dir / "final", beam, lp)
+    record.write_text(json.dumps({"newest_step": newest, **choice}, indent=2) + "\n", encoding="utf-8")
+    return {"final": final, **choice}
 
 
 def teacher(seed: int, root: Path, args: argparse.Namespace) -> dict:
