@@ -161,13 +161,6 @@ def add_distill(sub) -> None:
         help="source text to translate and learn from, one sentence a line (the training corpus's source "
         "side, or text of the domain)",
     )
-    s.add_argument(
-        "--ref",
-        nargs="+",
-        metavar="FILE",
-        help="the references of --src, a file for each: each line's target is the hypothesis of the teacher's beam "
-        "closest to its reference by sentence BLEU (Kim & Rush's sequence-level interpolation)",
-    )
     s.add_argument("--run-dir", required=True, help="the student's run directory; re-running resumes")
     shape = s.add_mutually_exclusive_group()
     shape.add_argument(

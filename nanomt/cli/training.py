@@ -43,7 +43,6 @@ def distill(args: argparse.Namespace) -> None:
         int8=args.int8,
         device=args.device,
         init=args.init,
-        references=args.ref or [],
     )
     print(f"run directory: {run_dir}")
 

@@ -3,8 +3,7 @@
     distill(teachers, sources, run_dir, buffer_size=2000, student="fast")
 
 1. The teacher (one run, an ensemble of runs sharing a tokenizer, or an imported opus-mt model) translates the source
-   text into run_dir/distill/ (nanomt.training.teacher: cached, resumable); where the source has references, each
-   target is the teacher's n-best hypothesis closest to its reference.
+   text into run_dir/distill/ (nanomt.training.teacher: cached, resumable).
 2. The student's config: the teacher's, with the student's shape (a preset, or a config file), its data
    the sources and their translations (and, if given, original pairs weighted as fine-tuning's corpora are), its
    tokenizer the teacher's.
@@ -157,7 +156,6 @@ def distill(
     int8: bool = False,
     device: str = "cpu",
     init: str = "teacher",
-    references: list[str | Path] = (),
 ) -> Path:
     """Translate `sources` with the teachers, `buffer_size` lines at a time (decoding: the first's decode section
     where None), then train the student in run_dir on them; returns run_dir. Started again, it goes on where it
@@ -176,8 +174,7 @@ def distill(
     corpora += [{"src": str(s), "tgt": str(t), "weight": pairs_weight} for s, t in pairs]
     valid_split = {"src": str(valid[0]), "tgt": str(valid[1])} if valid else None
     cfg = student_config(teachers[0], corpora, valid_split, student, config, overrides)
-    refs = [Path(r) for r in references] or None
-    teacher_translations(teachers, sources, out_dir, buffer_size, decoding, int8, device, refs)
+    teacher_translations(teachers, sources, out_dir, buffer_size, decoding, int8, device)
     init_dir = out_dir / "init"
     if not ckpt.step_dirs(run_dir) and not (init_dir / ckpt.WEIGHTS).is_file():
         init_student(teachers[0], cfg, init_dir, from_teacher=init == "teacher")

@@ -149,35 +149,6 @@ def test_original_pairs_are_mixed_in_with_their_weight(toy_corpus, teacher, sour
     assert [(c.src, c.weight) for c in corpora] == [(str(source), 1.0), (str(toy_corpus["valid.src"]), 0.5)]
 
 
-def test_references_choose_the_hypothesis_of_the_beam_closest_to_each(teacher, source, student, tmp_path):
-    """--ref: where a line's reference is the last hypothesis of the teacher's beam, that hypothesis is its target
-    (sentence BLEU 100), not the teacher's best; where the reference is the best, the best; the cache records the
-    references and is refused for others; a reference file of another length: one line."""
-    lines = source.read_text(encoding="utf-8").splitlines()[:60]
-    src = tmp_path / "few.src"
-    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    translator = Translator.from_checkpoint(teacher)
-    n_best = [[" ".join(t.split()) for t, _ in hyps] for hyps in translator.translate_n_best(lines, n_best=2)]
-    wanted = [hyps[-1] if k % 2 else hyps[0] for k, hyps in enumerate(n_best)]
-    assert sum(w != hyps[0] for w, hyps in zip(wanted, n_best)) >= 10  # the best and the last differ often
-    ref = tmp_path / "few.ref"
-    ref.write_text("\n".join(wanted) + "\n", encoding="utf-8")
-    run = tmp_path / "inter"
-    args = ["distill", teacher, "--src", src, "--run-dir", run, "--ref", ref, "--buffer-size", "16"]
-    out = run_nanomt(*args, *STUDENT_BUDGET, text=True)
-    assert out.returncode == 0, out.stderr
-    assert translations_path(run / "distill", 0, src).read_text(encoding="utf-8").splitlines() == wanted
-    assert "references" in json.loads((run / "distill" / "manifest.json").read_text())
-
-    ref.write_text("\n".join(hyps[0] for hyps in n_best) + "\n", encoding="utf-8")
-    out = run_nanomt(*args, text=True)
-    assert out.returncode == 1 and "other references (--ref)" in out.stderr
-    ref.write_text("\n".join(wanted[:-1]) + "\n", encoding="utf-8")
-    out = run_nanomt(*args[:-4], "--run-dir", tmp_path / "short", "--ref", ref, text=True)
-    assert out.returncode == 1 and out.stderr.strip().count("\n") == 0
-    assert f"has {len(lines) - 1} lines but --src" in out.stderr and not (tmp_path / "short").exists()
-
-
 @pytest.mark.slow
 def test_a_killed_distill_resumes_without_translating_a_line_twice(teacher, student, toy_corpus, tmp_path,
                                                                    monkeypatch):  # fmt: skip
