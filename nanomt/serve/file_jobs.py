@@ -13,7 +13,10 @@ once than the pool has threads, so that /translate_file always finds one; the ot
 (JOBS_QUEUED in all, JOBS_PER_CLIENT a client). No deadline bounds a job, only each of its model calls
 (JOB_CALL_SECONDS, asked again while the decoding queue is full). Its record lives in the store: JSON, kept an hour
 from its last write (as the translated file is), written when the job is taken, as it goes (at most every WRITE_EVERY
-seconds) and when it ends, so that every replica sharing the store answers its progress. A DELETE on any replica sets
+seconds), at least every HEARTBEAT seconds while it is queued or running, and when it ends, so that every replica
+sharing the store answers its progress. A queued or running record unwritten for STALE seconds is a replica's that
+stopped without ending it (killed, out of memory, its machine gone): every replica answers it as failed (503), where
+it would otherwise read "running" until the store drops it. A DELETE on any replica sets
 the job's cancel flag in the store, which the replica running it reads every CHECK_EVERY seconds (at once where the
 DELETE reached that replica). With keys (--api-key, --keys-file) a job is its client's: another key's GET or DELETE,
 or one without a key, finds nothing (404); without keys, the job's id (128 random bits) is what reaches it, as a
@@ -59,6 +62,8 @@ KEEP_JOBS = 4096  # and every client's together
 JOB_CALL_SECONDS = 600.0  # the most one model call of a job (a chunk of sentences) waits, at least --timeout
 WRITE_EVERY = 0.25  # seconds between two writes of a running job's progress, at least
 CHECK_EVERY = 0.5  # seconds between two reads of its cancel flag, at least
+HEARTBEAT = 5.0  # seconds: a queued or running job's record is written at least this often, progress or not
+STALE = 60.0  # seconds unwritten after which a queued or running record is a stopped replica's (clocks may differ)
 JOB_ID = re.compile(r"[0-9a-f]{32}")
 Status = Literal["queued", "running", "done", "failed", "cancelled"]
 ENDED = ("done", "failed", "cancelled")
@@ -97,6 +102,11 @@ class Record:
 
     def end(self, status: str, error: str | None = None, code: int | None = None, download: str | None = None):
         self.status, self.error, self.error_code, self.download = status, error, code, download
+
+    def orphaned(self, now: float) -> bool:
+        """Whether the replica that took the job stopped before ending it: queued or running, and not written for
+        STALE seconds, where its replica writes it every HEARTBEAT."""
+        return self.status not in ENDED and now - self.updated > STALE
 
 
 class FileJob(BaseModel):
@@ -149,6 +159,7 @@ class Job:
         self.record, self.route = record, route
         self.data, self.fmt, self.max_chars = upload.data, upload.fmt, upload.client.limits.char_limit
         self.stop = threading.Event()
+        self.saving = asyncio.Lock()  # one write of the record at a time, each of its state when it is made
         self._lock = threading.Lock()
         self.done = self.total = 0
 
@@ -177,6 +188,7 @@ class FileJobs:
         self.at_once = max(1, server.pools.files.threads - 1)
         self.call_seconds = max(JOB_CALL_SECONDS, server.config.timeout or 0.0)
         self._tasks: set[asyncio.Task] = set()
+        self._beat: asyncio.Task | None = None
 
     def busy(self) -> HTTPException | None:
         if len(self.jobs) >= JOBS_QUEUED:
@@ -216,20 +228,35 @@ class FileJobs:
         return record
 
     def _start(self) -> None:
-        """Start queued jobs while fewer than `at_once` run."""
+        """Start queued jobs while fewer than `at_once` run; the queue's heartbeat while any job waits."""
         while self.queue and self.running < self.at_once:
             job = self.queue.popleft()
             self.running += 1
-            task = asyncio.get_running_loop().create_task(self._run(job))
-            self._tasks.add(task)  # a reference, so that the task is not collected while it runs
-            task.add_done_callback(self._tasks.discard)
+            self._spawn(self._run(job))
+        if self.queue and (self._beat is None or self._beat.done()):
+            self._beat = self._spawn(self._keep_queued())
+
+    def _spawn(self, coroutine) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)  # a reference, so that the task is not collected while it runs
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _keep_queued(self) -> None:
+        """Write every queued job's record each HEARTBEAT seconds while any waits (a running one writes its own)."""
+        while self.queue:
+            await asyncio.sleep(HEARTBEAT)
+            for job in list(self.queue):
+                await self._save(job)
 
     async def _save(self, job: Job) -> bool:
-        record = job.record
-        if record.status != "done":  # a done job's counts are its whole file's
-            record.sentences_done, record.sentences_total = job.progress()
-        record.updated = time.time()
-        return await self.server.io(self.records.put, record.id, record.client, record.encode(), fallback=False)
+        async with job.saving:  # two writes in flight at once could land in either order
+            record = job.record
+            if record.status != "done":  # a done job's counts are its whole file's
+                record.sentences_done, record.sentences_total = job.progress()
+            record.updated = time.time()
+            data = record.encode()
+            return await self.server.io(self.records.put, record.id, record.client, data, fallback=False)
 
     async def _run(self, job: Job) -> None:
         try:
@@ -258,13 +285,14 @@ class FileJobs:
         task = asyncio.ensure_future(job.route.file(job.data, job.fmt, job.max_chars, job.heard))
         job.data = None  # the task holds the file now, until it ends
         written, checked = (0, 0), time.monotonic()
+        saved = checked
         try:
             while not task.done():
                 await asyncio.wait({task}, timeout=WRITE_EVERY)
                 if task.done():
                     break
-                if job.progress() != written:
-                    written = job.progress()
+                if job.progress() != written or time.monotonic() - saved >= HEARTBEAT:
+                    written, saved = job.progress(), time.monotonic()
                     await self._save(job)
                 if time.monotonic() - checked >= CHECK_EVERY:
                     checked = time.monotonic()
@@ -316,6 +344,9 @@ class FileJobs:
             raise HTTPException(404, f"{job_id}: no such file job (or no longer kept)")
         if flagged and record.status == "queued":  # it never starts
             record.status = "cancelled"
+        elif job_id not in self.jobs and record.orphaned(time.time()):
+            stopped = f"the replica running the job stopped before it ended (no word from it in {STALE:g} s)"
+            record.end("failed", stopped, 503)
         return record, flagged
 
     async def cancel(self, request: Request, job_id: str) -> Record:

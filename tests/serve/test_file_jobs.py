@@ -1,13 +1,16 @@
 """nanomt's file jobs (POST /file_jobs, GET and DELETE /file_jobs/{id}): a document of 2,000 sentences reports its
 progress up to 100% from another replica sharing the store and downloads the bytes of /translate_file; a cancel on
 another replica stops the decoding at the next chunk and frees the files pool's thread; a job is its key's; the
-bounds on jobs; a long document outlives --timeout as a job."""
+bounds on jobs; a long document outlives --timeout as a job; a job whose replica was killed reads failed on the others,
+one that waits on a live replica does not."""
 
+import signal
 import threading
 import time
 
 import pytest
 from conftest import tiny_config
+from servers import start_server_retrying
 
 from nanomt.decoding.translate import Translator
 
@@ -170,6 +173,54 @@ def test_a_queued_job_cancelled_never_starts_and_jobs_are_bounded(translator, do
         gate.open()
         assert ended(c, running)["status"] == "done"
         assert gate.calls == 5  # one batch a chunk of the first job's, none of the second's
+
+
+def test_a_job_waiting_on_a_live_replica_is_kept_alive_past_stale(translator, document, tmp_path, monkeypatch):
+    """Neither a chunk that takes long nor a place in the queue reads as a stopped replica on another one."""
+    monkeypatch.setattr(file_jobs, "HEARTBEAT", 0.05)
+    monkeypatch.setattr(file_jobs, "STALE", 0.5)
+    url = f"sqlite:///{tmp_path}/store.db"
+    runs, reads = create_app(translator, store=open_store(url)), create_app(translator, store=open_store(url))
+    gate = Gate(runs, hold_from=2)
+    part = b"".join(document.splitlines(keepends=True)[:300])
+    with TestClient(runs) as a, TestClient(reads) as b:
+        running = post_job(a, part).json()["id"]
+        assert gate.waiting.wait(30)  # its second chunk held: no progress from here on
+        queued = post_job(a, part).json()["id"]  # one job runs at a time
+        time.sleep(1.5)  # three times STALE
+        for job_id, status in ((running, "running"), (queued, "queued")):
+            res = b.get(f"/file_jobs/{job_id}")
+            assert res.status_code == 200 and res.json()["status"] == status, res.text
+        gate.open()
+        assert ended(b, running)["status"] == ended(b, queued)["status"] == "done"
+
+
+@pytest.mark.slow
+def test_a_killed_replicas_job_reads_failed_on_the_others(
+    translator, toy_corpus, trained, document, tmp_path, monkeypatch
+):
+    """A replica killed mid-job never writes its end: the others answer the job failed once STALE has passed since
+    its last write, where the record would read running (or queued) until the store dropped it an hour later."""
+    import httpx
+
+    url = f"sqlite:///{tmp_path}/store.db"
+    run = trained(tiny_config(toy_corpus, max_steps=60, eval_every=60, save_every=60))
+    proc, base, log = start_server_retrying(run, tmp_path, ["--store", url, "--no-access-log"])
+    try:
+        res = httpx.post(f"{base}/file_jobs", data=LT, files={"file": ("doc.txt", document * 10)}, timeout=60)
+        assert res.status_code == 202, res.text
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    job_id = res.json()["id"]
+    with TestClient(create_app(translator, store=open_store(url))) as b:
+        found = b.get(f"/file_jobs/{job_id}").json()
+        assert found["status"] in ("queued", "running"), (found, log.read_text())  # killed before its end
+        monkeypatch.setattr(file_jobs, "STALE", 1.0)  # the reader's bound (a minute by default)
+        failed = ended(b, job_id)
+        assert failed["status"] == "failed" and failed["error_code"] == 503, failed
+        assert failed["error"] == "the replica running the job stopped before it ended (no word from it in 1 s)"
+        assert b.delete(f"/file_jobs/{job_id}").json()["status"] == "failed"  # an ended job stays as it is
 
 
 def test_a_job_is_its_keys_own(translator, tmp_path):
