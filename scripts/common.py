@@ -34,8 +34,9 @@ RECIPE_RESULTS = ROOT / "scripts" / "results"
 
 
 def shown(path: str | Path) -> str:
-    """A path as a results file names it: relative to the repository, never absolute."""
-    return os.path.relpath(Path(path).resolve(), ROOT)
+    """A path as a results file names it: relative to the repository, never absolute, and as it was reached (a
+    linked ../shared stays ../shared, not its target's place on this machine)."""
+    return os.path.relpath(os.path.abspath(path), ROOT)
 
 
 def relative_paths(obj):
