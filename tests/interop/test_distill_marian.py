@@ -19,7 +19,7 @@ from nanomt.interop import import_marian
 from nanomt.training.teacher import translations_path
 
 pytest.importorskip("transformers")
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]  # foreign converters and loaders
 
 BUDGET = ["--set", "train.max_steps=4", "--set", "train.eval_every=4", "--set", "train.save_every=4",
           "--set", "train.max_tokens=400", "--set", "train.calibrate=false"]  # fmt: skip

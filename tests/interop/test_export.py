@@ -15,6 +15,8 @@ from nanomt.decoding.greedy import greedy as nanomt_greedy
 from nanomt.decoding.translate import Translator
 from nanomt.training.train import train
 
+pytestmark = pytest.mark.slow  # foreign converters and runtimes: CTranslate2, ONNX Runtime
+
 # Each checkpoint covers a different corner of what the exporters map.
 VARIANTS = {
     # Separate vocabularies and embeddings, pre-norm, relu, GNMT's length penalty (the defaults).

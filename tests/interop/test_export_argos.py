@@ -24,7 +24,7 @@ from nanomt.training.train import train
 
 argostranslate = pytest.importorskip("argostranslate")
 pytest.importorskip("ctranslate2")
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]  # foreign converters and loaders
 
 SENTENCES = 30
 

@@ -24,7 +24,7 @@ from nanomt.interop import MarianExportError, export_marian, import_marian  # no
 from nanomt.training.synthetic import write_corpus  # noqa: E402
 from nanomt.training.train import train  # noqa: E402
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]  # foreign converters and loaders
 
 MAX_LEN = 12  # generated tokens, EOS included
 # Post-norm, Marian's sinusoid table; one vocabulary with shared and tied embeddings, or two with an untied output,

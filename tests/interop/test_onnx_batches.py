@@ -11,6 +11,8 @@ from test_export import VARIANTS, padded, variant_config
 
 from nanomt.decoding.translate import Translator
 
+pytestmark = pytest.mark.slow  # a foreign runtime: onnxruntime sessions of every variant
+
 # test_export's checkpoints, and learned positions (a table the decoder step indexes by the cache's length).
 ONNX_VARIANTS = {
     **VARIANTS,

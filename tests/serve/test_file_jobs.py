@@ -96,6 +96,7 @@ def synchronous(client, data: bytes, name: str = "doc.txt") -> bytes:
     return client.get(res.json()["translatedFileUrl"]).content
 
 
+@pytest.mark.slow  # 4,000 sentences decoded
 def test_a_job_reports_rising_progress_from_any_replica_and_downloads_the_synchronous_bytes(
     translator, document, tmp_path, monkeypatch
 ):
@@ -264,6 +265,7 @@ def test_a_file_that_cannot_be_translated_fails_its_job_as_the_synchronous_call_
         assert post_job(c, b"").status_code == 202  # an empty document: an empty file, as /translate_file's
 
 
+@pytest.mark.slow  # 2,000 sentences decoded
 def test_a_long_document_outlives_the_request_timeout_as_a_job(translator, document):
     """What /translate_file cannot do within --timeout, a job does: no request waits for it."""
     app = create_app(translator, timeout=0.3, max_chars=1000)  # the body's bound is the file's, not --max-chars'

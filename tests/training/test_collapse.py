@@ -41,6 +41,7 @@ def shallow(toy_corpus, trained):
     return trained(cfg)
 
 
+@pytest.mark.slow  # a training
 def test_a_one_layer_decoder_s_translations_depend_on_the_source(shallow, toy_corpus):
     sources = toy_corpus["valid.src"].read_text(encoding="utf-8").splitlines()
     translator = Translator.from_checkpoint(shallow)

@@ -68,6 +68,7 @@ def test_resegment_draws_the_ids_of_one_whole_corpus_encoding(tmp_path, tokenize
     assert isinstance(again.src_tokens, np.memmap)
 
 
+@pytest.mark.slow  # a corpus scanned twice
 def test_resegment_memory_does_not_grow_with_corpus(tmp_path, tokenizer, monkeypatch):
     monkeypatch.setattr(data, "CHUNK_PAIRS", 200)
     small = binarized(tmp_path, 2_000, 2, tokenizer)

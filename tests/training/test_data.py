@@ -369,6 +369,7 @@ def test_binarize_cache_reused_then_invalidated(tmp_path, tokenizer, monkeypatch
     assert len(list(cache.iterdir())) == 3
 
 
+@pytest.mark.slow  # a corpus scanned twice
 def test_binarize_memory_does_not_grow_with_corpus(tmp_path, tokenizer, monkeypatch):
     monkeypatch.setattr(data, "CHUNK_PAIRS", 100)
     small = DataConfig(train=write_split(tmp_path, make_pairs(5_000, seed=11), prefix="small"))

@@ -72,6 +72,7 @@ def test_a_runs_epochs_hold_each_corpus_in_its_ratio(two_corpora, tmp_path):
     assert drawn and all(t in small for t in texts)
 
 
+@pytest.mark.slow  # three trainings
 def test_a_run_of_mixed_corpora_resumed_after_ctrl_c_ends_on_the_same_weights(two_corpora, tmp_path, monkeypatch):
     # 1,500 pairs and 2,000 tokens a batch: ~30 batches an epoch, so the 40 steps cross into a second draw.
     cfg = config_from_dict(mixed_config(two_corpora, [1, 2], max_steps=40, max_tokens=2000, save_every=10))

@@ -151,6 +151,7 @@ def compiles(m: Transformer, batches, dynamic: bool) -> int:
     return len(graphs)
 
 
+@pytest.mark.slow  # torch.compile's graphs
 def test_compile_over_bucketed_shapes_recompiles_within_its_bound():
     """Static shapes: one graph per bucketed shape, and bucket() bounds the shapes; dynamic (train.compile): one."""
     corpus = Pairs(400, seed=7, max_len=30)
