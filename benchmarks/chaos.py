@@ -5,13 +5,16 @@ turn (a rolling restart) and one killed with SIGKILL.
     python -m benchmarks.chaos [--checkpoint RUN] [--seconds 150]      # benchmarks/results/chaos.json
 
 --clients clients each send one request after another for --seconds: nanomt's /translate (sentences), LibreTranslate's
-paragraphs and HTML, files (/translate_file and their download), anonymous suggestions (kept for review) and bad
-requests (malformed JSON, a language not served, a body past the limit: each expects its 4xx). The faults, at shares
+paragraphs and HTML, files (/translate_file and their download), file jobs (/file_jobs, followed until they end),
+anonymous suggestions (kept for review) and bad requests (malformed JSON, a language not served, a body past the
+limit: each expects its 4xx). The faults, at shares
 of the run: Redis SIGSTOP at 15% and SIGCONT at 30%; replica A SIGTERM at 40%, restarted once it has drained and
 exited; replica B the same at 58%; replica A SIGKILL at 78%, restarted. Every request is classed by its answer:
 ok (2xx, or the 4xx a bad request expects), failed (any other status, with the status), lost (no answer, or nginx's
 502/504: the replica went away with the request). The results file has requests sent, answered, failed and lost by
 kind and by phase, latency p50/p99, each replica process's RSS at start, end and most, and what nginx retries.
+After the load, every file job is followed until it has ended (done, or failed where its replica stopped or was
+killed: nanomt.serve.file_jobs.STALE after its last write), and one left queued or running breaks the bounds.
 Without --checkpoint a toy run is trained first (`nanomt demo --steps 60`); --clients and --seconds bound the load.
 """
 
@@ -168,6 +171,15 @@ class Requests:
             200,
         )
 
+    def file_job(self, rng):
+        data = "\n".join(rng.sample(self.sentences, 20)).encode()
+        return (
+            "POST",
+            "/file_jobs",
+            {"data": {"source": "src", "target": "tgt"}, "files": {"file": ("doc.txt", data)}},
+            202,
+        )
+
     def suggestion(self, rng):
         body = {"q": rng.choice(self.sentences), "s": "A suggestion.", "source": "src", "target": "tgt"}
         return "POST", "/suggest", {"json": body}, 200
@@ -187,8 +199,10 @@ class Requests:
         )
 
 
-KINDS = {"text": 40, "paragraph": 20, "html": 10, "file": 10, "suggestion": 5, "bad": 15}
+KINDS = {"text": 40, "paragraph": 20, "html": 10, "file": 8, "file_job": 4, "suggestion": 5, "bad": 13}
+JOB_ENDS = ("done", "failed", "cancelled")
 LOST = (502, 504)  # nginx's: the replica went away with the request, or never answered
+SETTLE_S = 120.0  # the most a job is followed after the load: a killed replica's reads failed after file_jobs.STALE
 
 
 @dataclass
@@ -215,6 +229,7 @@ class Load:
     def __init__(self, url: str, requests: Requests, clients: int, seed: int = 0):
         self.url, self.requests, self.clients, self.seed = url, requests, clients, seed
         self.phase, self.records, self.stopping = "steady", [], threading.Event()
+        self.jobs: dict[str, dict] = {}  # each file job's id and its status as last read
 
     def client(self, c: int) -> None:
         import httpx
@@ -223,6 +238,8 @@ class Load:
         with httpx.Client(base_url=self.url, timeout=90) as http:
             while not self.stopping.is_set():
                 kind, (method, path, kw, expected) = self.requests.pick(rng)
+                if kind == "file_job":  # each client its own address, as its jobs are bounded by it
+                    kw = {**kw, "headers": {"X-Forwarded-For": f"10.0.0.{c + 1}"}}
                 self.send(http, kind, method, path, kw, expected)
                 time.sleep(rng.uniform(0.0, 0.01))
 
@@ -237,9 +254,36 @@ class Load:
             if kind == "file" and status == 200:  # and its download, through either replica
                 link = res.json()["translatedFileUrl"].split("/", 3)[3]
                 self.send(http, "download", "GET", f"/{link}", {}, 200)
+            if kind == "file_job" and status == 202:
+                self.jobs[res.json()["id"]] = res.json()
+                self.follow(http, res.json()["id"], self.stopping.is_set)
         except httpx.HTTPError as e:
             error = f"{type(e).__name__}: {e}"[:200]
         self.records.append(Record(kind, phase, status, expected, start, time.monotonic() - start, upstream, error))
+
+    def follow(self, http, job_id: str, stop) -> None:
+        """Read the job every 0.2 s until it has ended or stop() (a read the fleet fails to answer is read again)."""
+        import httpx
+
+        while self.jobs[job_id]["status"] not in JOB_ENDS and not stop():
+            time.sleep(0.2)
+            try:
+                res = http.get(f"/file_jobs/{job_id}")
+                if res.status_code == 200:
+                    self.jobs[job_id] = res.json()
+            except httpx.HTTPError:
+                pass
+
+    def settle(self, seconds: float) -> float:
+        """Follow every job still queued or running until all have ended or `seconds` have passed; the wait."""
+        import httpx
+
+        start = time.monotonic()
+        over = lambda: time.monotonic() - start > seconds  # noqa: E731
+        with httpx.Client(base_url=self.url, timeout=30) as http:
+            for job_id in list(self.jobs):
+                self.follow(http, job_id, over)
+        return time.monotonic() - start
 
     def run(self, faults) -> None:
         with ThreadPoolExecutor(self.clients + 1) as ex:
@@ -381,6 +425,7 @@ def chaos(args: argparse.Namespace, tmp: Path) -> dict:
         started = time.monotonic()
         load.run(faults(redis, replicas, args.seconds, events))
         wall = time.monotonic() - started
+        settled = load.settle(SETTLE_S)
         for replica in replicas:
             replica.stop(signal.SIGTERM)
     finally:
@@ -392,7 +437,7 @@ def chaos(args: argparse.Namespace, tmp: Path) -> dict:
         for replica in replicas:
             if replica.proc is not None:
                 replica.proc.kill()
-    return report(args, run, load.records, events, replicas, wall)
+    return report(args, run, load, events, replicas, wall, settled)
 
 
 def distinct_ports(n: int) -> list[int]:
@@ -424,8 +469,19 @@ def sample_rss(replicas: list[Replica], stopping: threading.Event) -> None:
             replica.sample()
 
 
-def report(args, run: Path, records: list[Record], events: list[dict], replicas: list[Replica], wall: float) -> dict:
+def file_jobs(jobs: dict[str, dict], settled: float) -> dict:
+    """The file jobs by how they ended, the failed ones by their error, and those left queued or running."""
+    ends = Counter(job["status"] for job in jobs.values())
+    errors = Counter(job.get("error", "") for job in jobs.values() if job["status"] == "failed")
+    unended = sum(ends[s] for s in ends if s not in JOB_ENDS)
+    return {"sent": len(jobs), "by_status": dict(sorted(ends.items())), "failed_by_error": dict(errors.most_common()),
+            "unended": unended, "followed_after_the_load_s": round(settled, 1)}  # fmt: skip
+
+
+def report(args, run: Path, load: Load, events: list[dict], replicas: list[Replica], wall: float, settled: float):
+    records = load.records
     requests = summary(records)
+    jobs = file_jobs(load.jobs, settled)
     phases = requests["by_phase"]
     killed = next(e for e in events if e["what"].endswith("SIGKILL"))
     # In flight at the kill: sent before the replica was gone, answered (or not) after the signal. Those on the killed
@@ -446,6 +502,7 @@ def report(args, run: Path, records: list[Record], events: list[dict], replicas:
         "p99_while_redis_paused_s": phases.get("redis_paused", {}).get("p99_s"),
         "rss_growth_mb_most": round(growth, 1),
         "rss_growth_bound_mb": 150.0,
+        "file_jobs_unended": jobs["unended"],
     }
     bounds["held"] = (
         bounds["lost_in_rolling_restart"] == 0
@@ -453,6 +510,7 @@ def report(args, run: Path, records: list[Record], events: list[dict], replicas:
         and bounds["lost_but_not_in_flight_on_the_killed_replica"] == 0
         and (bounds["p99_while_redis_paused_s"] or 0) < 15.0
         and growth < bounds["rss_growth_bound_mb"]
+        and jobs["unended"] == 0
     )
     origin = events[0]["at"] - events[0]["at_s"]
     lost_requests = [
@@ -481,6 +539,7 @@ def report(args, run: Path, records: list[Record], events: list[dict], replicas:
         "faults": [{k: v for k, v in e.items() if k not in ("at", "replica", "window")} for e in events],
         "requests": requests,
         "lost_requests": lost_requests,
+        "file_jobs": jobs,
         "replicas": lives,
         "nginx_retries": RETRIES,
         "bounds": bounds,

@@ -1,12 +1,13 @@
 """The chaos run's harness (benchmarks/chaos.py) without its run: Debian's nginx takes its configuration, and its
-accounting classes every answer (a 502 from nginx is a lost request, a bad request's expected 4xx is ok)."""
+accounting classes every answer (a 502 from nginx is a lost request, a bad request's expected 4xx is ok) and every
+file job (one left queued or running is counted against the bounds)."""
 
 import subprocess
 from pathlib import Path
 
 from servers import missing
 
-from benchmarks.chaos import NGINX, NGINX_CONF, Record, summary
+from benchmarks.chaos import NGINX, NGINX_CONF, Record, file_jobs, summary
 
 
 def test_nginx_takes_the_chaos_runs_configuration(tmp_path):
@@ -34,3 +35,19 @@ def test_every_answer_is_classed_by_kind_and_phase():
     }  # fmt: skip
     assert got["all"]["failed_by_status"] == {"503": 1}
     assert got["by_phase"]["sigkill"]["lost"] == 2 and got["by_kind"]["bad"]["ok"] == 1
+
+
+def test_file_jobs_are_counted_by_how_they_ended_and_those_left_unended():
+    stopped = "the replica running the job stopped before it ended (no word from it in 60 s)"
+    jobs = {
+        "a": {"status": "done"},
+        "b": {"status": "failed", "error": stopped},
+        "c": {"status": "failed", "error": stopped},
+        "d": {"status": "failed", "error": "the server stopped before the file was translated"},
+        "e": {"status": "running"},
+        "f": {"status": "queued"},
+    }
+    got = file_jobs(jobs, 12.34)
+    assert got["by_status"] == {"done": 1, "failed": 3, "queued": 1, "running": 1}
+    assert got["failed_by_error"] == {stopped: 2, "the server stopped before the file was translated": 1}
+    assert got["unended"] == 2 and got["sent"] == 6 and got["followed_after_the_load_s"] == 12.3
