@@ -24,9 +24,9 @@ test: install
 	$(BIN)/ruff format --check nanomt tests benchmarks scripts
 	PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 $(BIN)/python -m pytest -p xdist.plugin -n 2 --dist worksteal
 
-# The same without the tests marked slow: trainings, torch.compile, the foreign converters and runtimes (CTranslate2,
-# ONNX Runtime, Marian, Argos), corpus scans, long documents, the browser and the served load. 1m59s on an AVX2-only
-# host (2026-12-06), where make test takes 7m33s.
+# The same without the tests marked slow: trainings, torch.compile, the foreign converters, runtimes and clients
+# (CTranslate2, ONNX Runtime, Marian, Argos, LibreTranslate's), commands run as processes, corpus scans, long documents,
+# the browser and the served load. 1m42s on an AVX2-only host (2026-12-06), where make test takes 7m21s.
 test-fast: install
 	PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 $(BIN)/python -m pytest -p xdist.plugin -m "not slow" -n 2 --dist worksteal
 

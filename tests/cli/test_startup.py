@@ -88,6 +88,7 @@ def test_serve_settings_and_the_package_import_without_fastapi_or_torch():
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
 
 
+@pytest.mark.slow  # a process of its own
 def test_translating_loads_no_compiler():
     """Importing the Translator (the model included) leaves torch's compiler unloaded: it costs 1.2 s of start-up
     (torch.nn.attention.varlen imports it; packed training on CUDA loads it when it runs)."""
@@ -118,6 +119,7 @@ def run_dir(toy_corpus, tmp_path_factory):
     return train(cfg, tmp_path_factory.mktemp("startup") / "run")
 
 
+@pytest.mark.slow  # a process of its own
 def test_a_file_format_without_its_extra_is_one_line_naming_it(run_dir, tmp_path):
     docx = pytest.importorskip("docx")
     document = docx.Document()

@@ -177,6 +177,7 @@ def read_line(stream, timeout: float) -> str | None:
     return stream.readline().decode().rstrip("\n") if ready else None
 
 
+@pytest.mark.slow  # a process on a pseudo-terminal
 def test_terminal_input_is_translated_line_by_line(run_dir):
     translator = Translator.from_checkpoint(run_dir)
     expected = [translator.translate([s], beam_size=1)[0] for s in SENTENCES[:2]]

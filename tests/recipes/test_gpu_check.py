@@ -98,6 +98,7 @@ def test_bad_arguments_are_one_line_errors(args, words, tmp_path):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+@pytest.mark.slow  # the script run whole
 def test_without_a_gpu_it_says_so_and_names_smoke(multi30k_named, tmp_path):
     res = gpu_check(str(tmp_path / "results"), "--data", str(multi30k_named))
     assert res.returncode == 2 and "sees no CUDA GPU" in res.stderr and "--smoke" in res.stderr

@@ -220,9 +220,10 @@ def lt(base: str, q: str, source: str, target: str, **extra) -> dict:
     return res.json()
 
 
-def test_the_page_and_its_files_are_served_with_no_network(run):
+def test_the_page_and_its_files_are_served_with_no_network(toy_corpus, trained):
     """/ needs only the [serve] extra: the page and its scripts come from the package, and name no other host."""
-    with TestClient(create_app(models(run))) as c:
+    tiny = trained(tiny_config(toy_corpus, max_steps=10, eval_every=10, save_every=10))  # any model serves the page
+    with TestClient(create_app(models(tiny))) as c:
         page = c.get("/")
         assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
         assert "default-src 'self'" in page.headers["content-security-policy"]

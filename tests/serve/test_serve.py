@@ -681,6 +681,7 @@ def reachable(url: str) -> bool:
         return False
 
 
+@pytest.mark.slow  # a foreign client library on a real server
 def test_a_libretranslate_client_library_talks_to_nanomt_serve(server, translator, sentences):
     libretranslatepy = pytest.importorskip("libretranslatepy")  # the dev extra installs it
     lt = libretranslatepy.LibreTranslateAPI(server)
