@@ -1,21 +1,24 @@
 """Excel (.xlsx): the text cells translated, plain and rich text, whether the workbook shares them
-(xl/sharedStrings.xml) or a cell holds its own (an inline string); numbers, dates, formulas and their results,
-styles, sheet names and every other part kept byte for byte."""
+(xl/sharedStrings.xml) or a cell holds its own (an inline string), and the comments on cells (notes, and Excel 365's
+threaded comments); numbers, dates, formulas and their results, styles, sheet names and every other part kept byte
+for byte."""
 
 # A string (a shared one, si, or an inline one, is) is a plain t or runs (r: the formatting in rPr, then the text in
 # t), with phonetic guides (rPh, phoneticPr) after them, kept as they are. A plain t is read as one run; runs are
 # elements around their words, so their formatting follows them. A string shared by several cells is one si,
 # translated once. Kept as they are: sheet names and defined names (formulas name them), a table's header cells
-# (the table's columns are named by them, and structured references in formulas by those names), comments, charts,
-# headers and footers. SpreadsheetML has no language on its text: job.target is not written.
+# (the table's columns are named by them, and structured references in formulas by those names), charts, headers and
+# footers. A note's text is a string too; Excel starts it with its author's name and a colon in a run of its own,
+# kept as it is. A threaded comment's text is plain. SpreadsheetML has no language on its text: job.target is not
+# written.
 
 from __future__ import annotations
 
 import re
 
 from nanomt.documents import markup, runs
-from nanomt.documents.file_items import FileJob, UnsupportedFile, library
-from nanomt.documents.markup import Item, Tag
+from nanomt.documents.file_items import FileJob, UnsupportedFile, library, text_items
+from nanomt.documents.markup import Item, Tag, Text
 from nanomt.documents.zipped import open_zip, rewrite_zip
 
 WHAT = "Excel .xlsx"
@@ -24,7 +27,9 @@ WORKBOOKS = frozenset(
     [SML + f"{kind}.main+xml" for kind in ("sheet", "template")]
     + [f"application/vnd.ms-excel.{kind}.macroEnabled.main+xml" for kind in ("sheet", "template", "addin")]
 )
-SHARED, SHEET = SML + "sharedStrings+xml", SML + "worksheet+xml"
+SHARED, SHEET, NOTES = SML + "sharedStrings+xml", SML + "worksheet+xml", SML + "comments+xml"
+THREADED = "application/vnd.ms-excel.threadedcomments+xml"
+THREADED_NS = "{http://schemas.microsoft.com/office/spreadsheetml/2018/threadedcomments}"
 MAIN = (
     "{http://schemas.openxmlformats.org/spreadsheetml/2006/main}",
     "{http://purl.oclc.org/ooxml/spreadsheetml/main}",
@@ -49,11 +54,12 @@ def _escape(text: str) -> str:
     return TO_ESCAPE.sub(lambda m: f"_x{ord(m.group()):04X}_", text)
 
 
-def _string_items(string, s: str) -> tuple[list[Item], dict]:
-    """A string's (si's or is's) content as items, and each run's text: a plain t is one run, an r another."""
+def _string_items(string, s: str, kept) -> tuple[list[Item], dict]:
+    """A string's (si's, is's or a note's text's) content as items, and each run's text: a plain t is one run, an r
+    another; the `kept` children are left out."""
     items, source = [], {}
     for child in string:
-        if child.tag in (f"{s}rPh", f"{s}phoneticPr"):
+        if kept(child):
             continue
         if child.tag in (f"{s}t", f"{s}r"):
             t = child if child.tag == f"{s}t" else child.find(f"{s}t")
@@ -78,9 +84,44 @@ def _run_text(s: str):
     return write
 
 
-def _kept(s: str):
-    """Children of a string that stay where they are: the phonetic guides, after the runs."""
-    return lambda child: child.tag in (f"{s}rPh", f"{s}phoneticPr")
+def _kept(s: str, label=None):
+    """Children of a string that stay where they are: the phonetic guides, after the runs, and a note's author's
+    label, before them."""
+    return lambda child: child.tag in (f"{s}rPh", f"{s}phoneticPr") or child is label
+
+
+def _author_label(text, s: str, authors: set[str]):
+    """The run Excel starts a note with, its author's name and a colon ("Ann Lee:"), or None."""
+    first = next(iter(text), None)
+    if first is None or first.tag != f"{s}r":
+        return None
+    return first if _unescape(first.findtext(f"{s}t") or "").strip() in {f"{a}:" for a in authors} else None
+
+
+def _notes(package: runs.Package) -> list[tuple]:
+    """Each note's text, its namespace and the children it keeps: (text, s, kept)."""
+    out = []
+    for part in package.parts({NOTES}):
+        root = package.xml(part)
+        s = runs.namespace(root, *MAIN)
+        authors = {(a.text or "").strip() for a in root.iterfind(f"{s}authors/{s}author")} - {""}
+        for text in root.iterfind(f"{s}commentList/{s}comment/{s}text"):
+            out.append((text, s, _kept(s, _author_label(text, s, authors))))
+    return out
+
+
+def _translate_threaded(package: runs.Package, job: FileJob) -> None:
+    """Excel 365's threaded comments: each one's plain text, as a paragraph of its own."""
+    texts = [
+        text
+        for part in package.parts({THREADED})
+        for text in package.xml(part).iterfind(f"{THREADED_NS}threadedComment/{THREADED_NS}text")
+        if (text.text or "").strip()
+    ]
+    done = markup.translate_segments([text_items(text.text) for text in texts], job.translate, job.split)
+    for text, items in zip(texts, done):
+        if items is not None:
+            text.text = "".join(item.text for item in items if isinstance(item, Text))
 
 
 def _position(ref: str) -> tuple[int, int]:
@@ -118,13 +159,13 @@ def _headers(package: runs.Package, sheet: str) -> set[tuple[int, int]]:
 
 
 def translate_xlsx(data: bytes, job: FileJob) -> bytes:
-    """Excel (.xlsx): the shared strings and inline strings translated; everything else kept as it was."""
+    """Excel (.xlsx): the shared strings, inline strings and comments translated; everything else kept as it was."""
     etree = library("xlsx")
     with open_zip(data, job.unzipped, WHAT) as archive:
         package = runs.Package(archive, WHAT, etree)
         if not package.parts(WORKBOOKS):
             raise UnsupportedFile(f"not a valid {WHAT} file (no workbook in {runs.CONTENT_TYPES})")
-        strings, kept = [], set()  # (si or is, main namespace); the indexes of shared strings kept
+        strings, kept = [], set()  # (si or is, main namespace, its kept children); the indexes of shared strings kept
         for sheet in package.parts({SHEET}):
             headers = _headers(package, sheet)
             if not headers and b"inlineStr" not in package.read(sheet):
@@ -136,15 +177,17 @@ def translate_xlsx(data: bytes, job: FileJob) -> bytes:
                 if c.get("t") == "s" and header and (c.findtext(f"{s}v") or "").strip().isdigit():
                     kept.add(int(c.findtext(f"{s}v")))
                 elif c.get("t") == "inlineStr" and not header and c.find(f"{s}f") is None:
-                    strings += [(string, s) for string in c.iterfind(f"{s}is")]
+                    strings += [(string, s, _kept(s)) for string in c.iterfind(f"{s}is")]
         for part in package.parts({SHARED}):
             root = package.xml(part)
             s = runs.namespace(root, *MAIN)
-            strings += [(si, s) for i, si in enumerate(root.iterfind(f"{s}si")) if i not in kept]
-        read = [_string_items(string, s) for string, s in strings]
+            strings += [(si, s, _kept(s)) for i, si in enumerate(root.iterfind(f"{s}si")) if i not in kept]
+        strings += _notes(package)
+        read = [_string_items(*string) for string in strings]
         done = markup.translate_segments([items for items, _ in read], job.translate, job.split)
-        for (string, s), (_, source), items in zip(strings, read, done):
+        for (string, s, keep), (_, source), items in zip(strings, read, done):
             if items is not None:
-                runs.write(string, items, source, _run_text(s), _kept(s))
+                runs.write(string, items, source, _run_text(s), keep)
+        _translate_threaded(package, job)
         changed = package.changed()
         return rewrite_zip(archive, changed) if changed else data

@@ -256,3 +256,49 @@ def test_libreoffice_opens_the_translated_workbook(sample, tmp_path):
     ]:
         assert expected in words
     assert "84" in words and "ab words" in words
+
+
+THREADED = "xl/threadedComments/threadedComment1.xml"
+TC = "http://schemas.microsoft.com/office/spreadsheetml/2018/threadedcomments"
+
+
+def with_comments() -> tuple[bytes, str]:
+    """A workbook with three notes, as openpyxl writes them (plain text) and as Excel writes them (a bold run of the
+    author's name and a colon, then the note in a run of its own), and a threaded comment of Excel 365's; the notes'
+    part."""
+    wb = openpyxl.Workbook()
+    ws = wb.active
+    ws["A1"], ws["A2"], ws["A3"] = "The dog", "The cat", "The bird"
+    ws["A1"].comment = openpyxl.comments.Comment("Check the dog.", "Ann Lee")
+    ws["A2"].comment = openpyxl.comments.Comment("Ann Lee: a cat.", "Ann Lee")
+    ws["A3"].comment = openpyxl.comments.Comment("placeholder", "Ann Lee")
+    out = io.BytesIO()
+    wb.save(out)
+    entries = members(out.getvalue())
+    notes = next(n for n in entries if n.startswith("xl/comments/"))
+    excel_note = b'<r><rPr><b/></rPr><t>Ann Lee:</t></r><r><t xml:space="preserve">\nThe bird sings.</t></r>'
+    entries[notes] = entries[notes].replace(b"<t>placeholder</t>", excel_note)
+    assert excel_note in entries[notes]
+    entries[THREADED] = (
+        f'<ThreadedComments xmlns="{TC}"><threadedComment ref="A1" id="{{1}}" personId="{{2}}">'
+        "<text>A thread on the dog.</text></threadedComment></ThreadedComments>"
+    ).encode()
+    types = entries["[Content_Types].xml"]
+    override = f'<Override PartName="/{THREADED}" ContentType="application/vnd.ms-excel.threadedcomments+xml"/>'
+    entries["[Content_Types].xml"] = types.replace(b"</Types>", override.encode() + b"</Types>")
+    return zip_of(entries), notes
+
+
+def test_notes_and_threaded_comments_are_translated_and_an_author_s_label_kept():
+    data, notes = with_comments()
+    assert files.translate_file(data, "xlsx", identity) == data
+    out = files.translate_file(data, "xlsx", upper)
+    before, after = members(data), members(out)
+    assert {n for n in before if after[n] != before[n]} == {notes, THREADED, "xl/worksheets/sheet1.xml"}
+    root = etree.fromstring(after[notes])
+    texts = ["".join(text.itertext()) for text in root.iter(f"{S}text")]
+    assert texts == ["CHECK THE DOG.", "ANN LEE: A CAT.", "Ann Lee:\nTHE BIRD SINGS."]  # a label only as its own run
+    label = root.find(f"{S}commentList/{S}comment[3]/{S}text/{S}r")
+    assert label.findtext(f"{S}t") == "Ann Lee:" and label.find(f"{S}rPr/{S}b") is not None
+    assert etree.fromstring(after[THREADED]).findtext(f"{{{TC}}}threadedComment/{{{TC}}}text") == "A THREAD ON THE DOG."
+    assert read(out).active["A1"].comment.text == "CHECK THE DOG."  # the workbook reads back
