@@ -1,16 +1,17 @@
 """Excel (.xlsx): the text cells translated, plain and rich text, whether the workbook shares them
-(xl/sharedStrings.xml) or a cell holds its own (an inline string), and the comments on cells (notes, and Excel 365's
-threaded comments); numbers, dates, formulas and their results, styles, sheet names and every other part kept byte
-for byte."""
+(xl/sharedStrings.xml) or a cell holds its own (an inline string), the comments on cells (notes, and Excel 365's
+threaded comments) and the pages' headers and footers; numbers, dates, formulas and their results, styles, sheet names
+and every other part kept byte for byte."""
 
 # A string (a shared one, si, or an inline one, is) is a plain t or runs (r: the formatting in rPr, then the text in
 # t), with phonetic guides (rPh, phoneticPr) after them, kept as they are. A plain t is read as one run; runs are
 # elements around their words, so their formatting follows them. A string shared by several cells is one si,
 # translated once. Kept as they are: sheet names and defined names (formulas name them), a table's header cells
-# (the table's columns are named by them, and structured references in formulas by those names), charts, headers and
-# footers. A note's text is a string too; Excel starts it with its author's name and a colon in a run of its own,
-# kept as it is. A threaded comment's text is plain. SpreadsheetML has no language on its text: job.target is not
-# written.
+# (the table's columns are named by them, and structured references in formulas by those names), charts. A note's
+# text is a string too; Excel starts it with its author's name and a colon in a run of its own, kept as it is. A
+# threaded comment's text is plain. A page header's or footer's text is its sections (&L, &C, &R), each a paragraph,
+# and its other codes (the page number &P, a font, bold on or off, an ampersand written &&) void tags that follow
+# their words. SpreadsheetML has no language on its text: job.target is not written.
 
 from __future__ import annotations
 
@@ -40,6 +41,11 @@ MAIN = (
 ESCAPED = re.compile(r"_x([0-9A-Fa-f]{4})_")
 TO_ESCAPE = re.compile(r"_(?=x[0-9A-Fa-f]{4}_)|[\x00-\x08\x0b-\x1f\ufffe\uffff]")
 CELL = re.compile(r"([A-Za-z]{1,3})([0-9]+)")
+# A page header's or footer's codes: an escaped ampersand, a font ("&\"Arial,Bold\""), a size, a colour, a letter's
+# field or switch; a lone ampersand is kept as it is too.
+PAGE_CODE = re.compile(r'&(?:&|"[^"]*"|[0-9]+|K(?:[0-9A-Fa-f]{6}|[0-9]{2}[+-][0-9]{3})|[A-Za-z+-])?')
+PAGE_SECTIONS = ("&L", "&C", "&R", "&l", "&c", "&r")
+PAGE_TEXTS = ("oddHeader", "oddFooter", "evenHeader", "evenFooter", "firstHeader", "firstFooter")
 
 
 def _unescape(text: str) -> str:
@@ -158,20 +164,55 @@ def _headers(package: runs.Package, sheet: str) -> set[tuple[int, int]]:
     return cells
 
 
+def _page_sections(text: str) -> list[str | list[Item]]:
+    """A page header's or footer's text as its section codes (strings) and the paragraphs between them (items)."""
+    out: list[str | list[Item]] = [[]]
+    at = 0
+    for m in [*PAGE_CODE.finditer(text), None]:
+        end = m.start() if m else len(text)
+        if end > at:
+            out[-1].append(Text(text[at:end]))
+        if m is None:
+            break
+        if m.group() in PAGE_SECTIONS:
+            out += [m.group(), []]
+        else:
+            out[-1].append(Tag("void", m.group()))
+        at = m.end()
+    return out
+
+
+def _translate_pages(elements: list, job: FileJob) -> None:
+    """The page headers' and footers' texts (see _page_sections), each section translated as a paragraph."""
+    read = [_page_sections(element.text) for element in elements]
+    paragraphs = [part for parts in read for part in parts if not isinstance(part, str)]
+    done = iter(markup.translate_segments(paragraphs, job.translate, job.split))
+    for element, parts in zip(elements, read):
+        written = []
+        for part in parts:
+            items = part if isinstance(part, str) else next(done) or part
+            written += [items] if isinstance(items, str) else [i.text if isinstance(i, Text) else i.raw for i in items]
+        element.text = "".join(written)
+
+
 def translate_xlsx(data: bytes, job: FileJob) -> bytes:
-    """Excel (.xlsx): the shared strings, inline strings and comments translated; everything else kept as it was."""
+    """Excel (.xlsx): the shared strings, inline strings, comments, headers and footers translated; everything else
+    kept as it was."""
     etree = library("xlsx")
     with open_zip(data, job.unzipped, WHAT) as archive:
         package = runs.Package(archive, WHAT, etree)
         if not package.parts(WORKBOOKS):
             raise UnsupportedFile(f"not a valid {WHAT} file (no workbook in {runs.CONTENT_TYPES})")
+        pages = []  # the sheets' page headers and footers with text
         strings, kept = [], set()  # (si or is, main namespace, its kept children); the indexes of shared strings kept
         for sheet in package.parts({SHEET}):
             headers = _headers(package, sheet)
-            if not headers and b"inlineStr" not in package.read(sheet):
+            raw = package.read(sheet)
+            if not headers and b"inlineStr" not in raw and b"headerFooter" not in raw:
                 continue  # nothing in it to translate or keep: not parsed
             root = package.xml(sheet)
             s = runs.namespace(root, *MAIN)
+            pages += [e for name in PAGE_TEXTS for e in root.iterfind(f"{s}headerFooter/{s}{name}") if e.text]
             for row, column, c in _cells(root, s):
                 header = (row, column) in headers
                 if c.get("t") == "s" and header and (c.findtext(f"{s}v") or "").strip().isdigit():
@@ -189,5 +230,6 @@ def translate_xlsx(data: bytes, job: FileJob) -> bytes:
             if items is not None:
                 runs.write(string, items, source, _run_text(s), keep)
         _translate_threaded(package, job)
+        _translate_pages(pages, job)
         changed = package.changed()
         return rewrite_zip(archive, changed) if changed else data

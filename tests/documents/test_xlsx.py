@@ -9,7 +9,7 @@ import zipfile
 import pytest
 from test_files import identity, reversed_upper, upper, zip_of
 
-from nanomt.documents import files
+from nanomt.documents import files, markup
 from nanomt.documents.files import FileTooLarge, UnsupportedFile
 
 openpyxl = pytest.importorskip("openpyxl")
@@ -302,3 +302,47 @@ def test_notes_and_threaded_comments_are_translated_and_an_author_s_label_kept()
     assert label.findtext(f"{S}t") == "Ann Lee:" and label.find(f"{S}rPr/{S}b") is not None
     assert etree.fromstring(after[THREADED]).findtext(f"{{{TC}}}threadedComment/{{{TC}}}text") == "A THREAD ON THE DOG."
     assert read(out).active["A1"].comment.text == "CHECK THE DOG."  # the workbook reads back
+
+
+def test_page_headers_and_footers_are_translated_section_by_section_with_their_codes_kept():
+    wb = openpyxl.Workbook()
+    ws = wb.active
+    ws["A1"] = 42
+    ws.oddHeader.center.text = "Quarterly report"
+    ws.oddHeader.right.text = "&B Bold words&B here"
+    ws.oddFooter.left.text = "Confidential & internal"
+    ws.oddFooter.right.text = "Page &P of &N"
+    ws.firstFooter.center.text = "&P"  # a section of codes only: nothing to translate
+    out = io.BytesIO()
+    wb.save(out)
+    data = out.getvalue()
+    assert files.translate_file(data, "xlsx", identity) == data
+    seen = []
+    files.translate_file(data, "xlsx", markup.plain(lambda sentences: seen.extend(sentences) or list(sentences)))
+    assert seen == ["Quarterly report", "Bold words here", "Confidential internal", "Page of"]  # no code translated
+    translated = files.translate_file(data, "xlsx", upper)
+    sheet = etree.fromstring(members(translated)["xl/worksheets/sheet1.xml"])
+    pages = {e.tag.removeprefix(S): e.text for e in sheet.find(f"{S}headerFooter") if e.text}
+    assert pages == {
+        "oddHeader": "&CQUARTERLY REPORT&R&B BOLD WORDS&B HERE",
+        "oddFooter": "&LCONFIDENTIAL & INTERNAL&RPAGE &P OF &N",
+        "firstFooter": "&C&P",
+    }
+    assert read(translated).active.oddFooter.right.text == "PAGE &P OF &N"  # the workbook reads back
+
+
+@pytest.mark.slow
+def test_libreoffice_prints_the_translated_header_and_footer_with_their_fields(tmp_path):
+    from office import to_pdf
+
+    pypdf = pytest.importorskip("pypdf")
+    wb = openpyxl.Workbook()
+    ws = wb.active
+    ws["A1"] = "The dog"
+    ws.oddHeader.center.text = "Quarterly report"
+    ws.oddFooter.right.text = "Page &P of &N"
+    out = io.BytesIO()
+    wb.save(out)
+    pdf = pypdf.PdfReader(io.BytesIO(to_pdf(files.translate_file(out.getvalue(), "xlsx", upper), ".xlsx", tmp_path)))
+    words = " ".join(" ".join(page.extract_text().split()) for page in pdf.pages)
+    assert "QUARTERLY REPORT" in words and "PAGE 1 OF 1" in words and "THE DOG" in words  # &P and &N still fields
