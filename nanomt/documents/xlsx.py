@@ -18,8 +18,8 @@ from __future__ import annotations
 import re
 
 from nanomt.documents import markup, runs
-from nanomt.documents.file_items import FileJob, UnsupportedFile, library, text_items
-from nanomt.documents.markup import Item, Tag, Text
+from nanomt.documents.file_items import FileJob, UnsupportedFile, joined, library, text_items
+from nanomt.documents.markup import Item, Tag
 from nanomt.documents.zipped import open_zip, rewrite_zip
 
 WHAT = "Excel .xlsx"
@@ -96,12 +96,12 @@ def _kept(s: str, label=None):
     return lambda child: child.tag in (f"{s}rPh", f"{s}phoneticPr") or child is label
 
 
-def _author_label(text, s: str, authors: set[str]):
+def _author_label(text, s: str, labels: set[str]):
     """The run Excel starts a note with, its author's name and a colon ("Ann Lee:"), or None."""
     first = next(iter(text), None)
     if first is None or first.tag != f"{s}r":
         return None
-    return first if _unescape(first.findtext(f"{s}t") or "").strip() in {f"{a}:" for a in authors} else None
+    return first if _unescape(first.findtext(f"{s}t") or "").strip() in labels else None
 
 
 def _notes(package: runs.Package) -> list[tuple]:
@@ -111,8 +111,9 @@ def _notes(package: runs.Package) -> list[tuple]:
         root = package.xml(part)
         s = runs.namespace(root, *MAIN)
         authors = {(a.text or "").strip() for a in root.iterfind(f"{s}authors/{s}author")} - {""}
+        labels = {f"{author}:" for author in authors}
         for text in root.iterfind(f"{s}commentList/{s}comment/{s}text"):
-            out.append((text, s, _kept(s, _author_label(text, s, authors))))
+            out.append((text, s, _kept(s, _author_label(text, s, labels))))
     return out
 
 
@@ -127,7 +128,7 @@ def _translate_threaded(package: runs.Package, job: FileJob) -> None:
     done = markup.translate_segments([text_items(text.text) for text in texts], job.translate, job.split)
     for text, items in zip(texts, done):
         if items is not None:
-            text.text = "".join(item.text for item in items if isinstance(item, Text))
+            text.text = joined(items)
 
 
 def _position(ref: str) -> tuple[int, int]:
@@ -165,13 +166,14 @@ def _headers(package: runs.Package, sheet: str) -> set[tuple[int, int]]:
 
 
 def _page_sections(text: str) -> list[str | list[Item]]:
-    """A page header's or footer's text as its section codes (strings) and the paragraphs between them (items)."""
+    """A page header's or footer's text (unescaped) as its section codes (strings) and the paragraphs between them
+    (items)."""
     out: list[str | list[Item]] = [[]]
     at = 0
     for m in [*PAGE_CODE.finditer(text), None]:
         end = m.start() if m else len(text)
         if end > at:
-            out[-1].append(Text(text[at:end]))
+            out[-1] += text_items(text[at:end])
         if m is None:
             break
         if m.group() in PAGE_SECTIONS:
@@ -184,15 +186,14 @@ def _page_sections(text: str) -> list[str | list[Item]]:
 
 def _translate_pages(elements: list, job: FileJob) -> None:
     """The page headers' and footers' texts (see _page_sections), each section translated as a paragraph."""
-    read = [_page_sections(element.text) for element in elements]
+    texts = [_unescape(element.text) for element in elements]
+    read = [_page_sections(text) for text in texts]
     paragraphs = [part for parts in read for part in parts if not isinstance(part, str)]
     done = iter(markup.translate_segments(paragraphs, job.translate, job.split))
-    for element, parts in zip(elements, read):
-        written = []
-        for part in parts:
-            items = part if isinstance(part, str) else next(done) or part
-            written += [items] if isinstance(items, str) else [i.text if isinstance(i, Text) else i.raw for i in items]
-        element.text = "".join(written)
+    for element, text, parts in zip(elements, texts, read):
+        written = "".join(part if isinstance(part, str) else joined(next(done) or part) for part in parts)
+        if written != text:  # text as it was is left as it was, escapes and all
+            element.text = _escape(written)
 
 
 def translate_xlsx(data: bytes, job: FileJob) -> bytes:
@@ -207,8 +208,7 @@ def translate_xlsx(data: bytes, job: FileJob) -> bytes:
         strings, kept = [], set()  # (si or is, main namespace, its kept children); the indexes of shared strings kept
         for sheet in package.parts({SHEET}):
             headers = _headers(package, sheet)
-            raw = package.read(sheet)
-            if not headers and b"inlineStr" not in raw and b"headerFooter" not in raw:
+            if not headers and not any(k in package.read(sheet) for k in (b"inlineStr", b"headerFooter")):
                 continue  # nothing in it to translate or keep: not parsed
             root = package.xml(sheet)
             s = runs.namespace(root, *MAIN)

@@ -281,7 +281,7 @@ def with_comments() -> tuple[bytes, str]:
     assert excel_note in entries[notes]
     entries[THREADED] = (
         f'<ThreadedComments xmlns="{TC}"><threadedComment ref="A1" id="{{1}}" personId="{{2}}">'
-        "<text>A thread on the dog.</text></threadedComment></ThreadedComments>"
+        "<text>A thread on the dog.\nA second line.</text></threadedComment></ThreadedComments>"
     ).encode()
     types = entries["[Content_Types].xml"]
     override = f'<Override PartName="/{THREADED}" ContentType="application/vnd.ms-excel.threadedcomments+xml"/>'
@@ -300,7 +300,8 @@ def test_notes_and_threaded_comments_are_translated_and_an_author_s_label_kept()
     assert texts == ["CHECK THE DOG.", "ANN LEE: A CAT.", "Ann Lee:\nTHE BIRD SINGS."]  # a label only as its own run
     label = root.find(f"{S}commentList/{S}comment[3]/{S}text/{S}r")
     assert label.findtext(f"{S}t") == "Ann Lee:" and label.find(f"{S}rPr/{S}b") is not None
-    assert etree.fromstring(after[THREADED]).findtext(f"{{{TC}}}threadedComment/{{{TC}}}text") == "A THREAD ON THE DOG."
+    threaded = etree.fromstring(after[THREADED]).findtext(f"{{{TC}}}threadedComment/{{{TC}}}text")
+    assert threaded == "A THREAD ON THE DOG.\nA SECOND LINE."  # its line break kept
     assert read(out).active["A1"].comment.text == "CHECK THE DOG."  # the workbook reads back
 
 
@@ -313,13 +314,20 @@ def test_page_headers_and_footers_are_translated_section_by_section_with_their_c
     ws.oddFooter.left.text = "Confidential & internal"
     ws.oddFooter.right.text = "Page &P of &N"
     ws.firstFooter.center.text = "&P"  # a section of codes only: nothing to translate
+    ws.evenHeader.center.text = "First line\nsecond  line"  # openpyxl writes the line break _x000A_
     out = io.BytesIO()
     wb.save(out)
     data = out.getvalue()
     assert files.translate_file(data, "xlsx", identity) == data
     seen = []
     files.translate_file(data, "xlsx", markup.plain(lambda sentences: seen.extend(sentences) or list(sentences)))
-    assert seen == ["Quarterly report", "Bold words here", "Confidential internal", "Page of"]  # no code translated
+    assert seen == [
+        "Quarterly report",
+        "Bold words here",
+        "Confidential internal",
+        "Page of",
+        "First line second line",  # the line break a spacing void, as in every format
+    ]  # no code translated
     translated = files.translate_file(data, "xlsx", upper)
     sheet = etree.fromstring(members(translated)["xl/worksheets/sheet1.xml"])
     pages = {e.tag.removeprefix(S): e.text for e in sheet.find(f"{S}headerFooter") if e.text}
@@ -327,6 +335,7 @@ def test_page_headers_and_footers_are_translated_section_by_section_with_their_c
         "oddHeader": "&CQUARTERLY REPORT&R&B BOLD WORDS&B HERE",
         "oddFooter": "&LCONFIDENTIAL & INTERNAL&RPAGE &P OF &N",
         "firstFooter": "&C&P",
+        "evenHeader": "&CFIRST LINE\nSECOND  LINE",  # the line break and two spaces kept (_x000A_ no longer needed)
     }
     assert read(translated).active.oddFooter.right.text == "PAGE &P OF &N"  # the workbook reads back
 
