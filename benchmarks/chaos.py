@@ -7,9 +7,9 @@ turn (a rolling restart) and one killed with SIGKILL.
 --clients clients each send one request after another for --seconds: nanomt's /translate (sentences), LibreTranslate's
 paragraphs and HTML, files (/translate_file and their download), file jobs (/file_jobs, followed until they end),
 anonymous suggestions (kept for review) and bad requests (malformed JSON, a language not served, a body past the
-limit: each expects its 4xx). The faults, at shares
-of the run: Redis SIGSTOP at 15% and SIGCONT at 30%; replica A SIGTERM at 40%, restarted once it has drained and
-exited; replica B the same at 58%; replica A SIGKILL at 78%, restarted. Every request is classed by its answer:
+limit: each expects its 4xx). The faults, at shares of the run: Redis SIGSTOP at 15% and SIGCONT at 30%; replica A
+SIGTERM at 40%, restarted once it has drained and exited; replica B the same at 58%; replica A SIGKILL at 78%,
+restarted. Every request is classed by its answer:
 ok (2xx, or the 4xx a bad request expects), failed (any other status, with the status), lost (no answer, or nginx's
 502/504: the replica went away with the request). The results file has requests sent, answered, failed and lost by
 kind and by phase, latency p50/p99, each replica process's RSS at start, end and most, and what nginx retries.

@@ -16,9 +16,9 @@ from its last write (as the translated file is), written when the job is taken, 
 seconds), at least every HEARTBEAT seconds while it is queued or running, and when it ends, so that every replica
 sharing the store answers its progress. A queued or running record unwritten for STALE seconds is a replica's that
 stopped without ending it (killed, out of memory, its machine gone): every replica answers it as failed (503), where
-it would otherwise read "running" until the store drops it. A DELETE on any replica sets
-the job's cancel flag in the store, which the replica running it reads every CHECK_EVERY seconds (at once where the
-DELETE reached that replica). With keys (--api-key, --keys-file) a job is its client's: another key's GET or DELETE,
+it would otherwise read "running" until the store drops it. A DELETE on any replica sets the job's cancel flag in
+the store, which the replica running it reads every CHECK_EVERY seconds (at once where the DELETE reached that
+replica). With keys (--api-key, --keys-file) a job is its client's: another key's GET or DELETE,
 or one without a key, finds nothing (404); without keys, the job's id (128 random bits) is what reaches it, as a
 translated file's name is.
 """
