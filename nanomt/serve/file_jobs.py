@@ -13,8 +13,9 @@ once than the pool has threads, so that /translate_file always finds one; the ot
 (JOBS_QUEUED in all, JOBS_PER_CLIENT a client). No deadline bounds a job, only each of its model calls
 (JOB_CALL_SECONDS, asked again while the decoding queue is full). Its record lives in the store: JSON, kept an hour
 from its last write (as the translated file is), written when the job is taken, as it goes (at most every WRITE_EVERY
-seconds), at least every HEARTBEAT seconds while it is queued or running, and when it ends, so that every replica
-sharing the store answers its progress. A queued or running record unwritten for STALE seconds is a replica's that
+seconds), at least every HEARTBEAT seconds while it is queued or running, and when it ends (again every HEARTBEAT
+seconds while the store cannot take it: only this replica knows how the job ended), so that every replica sharing the
+store answers its progress. A queued or running record unwritten for STALE seconds is a replica's that
 stopped without ending it (killed, out of memory, its machine gone): every replica answers it as failed (503), where
 it would otherwise read "running" until the store drops it. A DELETE on any replica sets the job's cancel flag in
 the store, which the replica running it reads every CHECK_EVERY seconds (at once where the DELETE reached that
@@ -183,6 +184,7 @@ class FileJobs:
         self.server, self.routed, self.kept = server, routed, kept
         self.records = Records(server.store, server.layout)
         self.jobs: dict[str, Job] = {}  # this replica's, queued or running
+        self.ending: dict[str, Job] = {}  # this replica's that ended while the store could not take their end
         self.queue: deque[Job] = deque()
         self.running = 0
         self.at_once = max(1, server.pools.files.threads - 1)
@@ -270,9 +272,24 @@ class FileJobs:
             self.jobs.pop(job.record.id, None)
             try:
                 self._start()
-                await self._save(job)
+                await self._write_end(job)
             except (Exception, asyncio.CancelledError):  # the loop is closing: nothing more starts or is kept
                 pass
+
+    async def _write_end(self, job: Job) -> None:
+        """The ended job's record written, again every HEARTBEAT seconds while the store cannot take it (for as long
+        as the store would have kept it): a record left queued or running would read as a stopped replica's."""
+        deadline = time.monotonic() + KEEP_SECONDS
+        if await self._save(job):
+            return
+        self.ending[job.record.id] = job
+        try:
+            while time.monotonic() < deadline:
+                await asyncio.sleep(HEARTBEAT)
+                if await self._save(job):
+                    return
+        finally:
+            del self.ending[job.record.id]
 
     async def _work(self, job: Job) -> None:
         """Run the job to its end; its record holds how it ended (the caller writes it)."""
@@ -336,6 +353,8 @@ class FileJobs:
         if found is None:
             raise HTTPException(503, "the store is unreachable: retry later", headers={"Retry-After": "5"})
         record, flagged = found
+        if job_id in self.ending:  # ended here; the store's record is older
+            record = self.ending[job_id].record
         access = self.server.access
         if record is not None and access.key_required:
             client = access.identify(request, presented_key(request, None))

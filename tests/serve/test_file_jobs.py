@@ -196,6 +196,36 @@ def test_a_job_waiting_on_a_live_replica_is_kept_alive_past_stale(translator, do
         assert ended(b, running)["status"] == ended(b, queued)["status"] == "done"
 
 
+def test_a_jobs_end_missed_by_a_store_outage_is_written_once_the_store_is_back(
+    translator, document, tmp_path, monkeypatch
+):
+    """A job that ends while its replica cannot reach the store is not left running (nor read as a stopped replica's):
+    the replica writes its end once the store answers again."""
+    monkeypatch.setattr(file_jobs, "HEARTBEAT", 0.05)
+    monkeypatch.setattr(file_jobs, "STALE", 0.5)
+    url = f"sqlite:///{tmp_path}/store.db"
+    runs, reads = create_app(translator, store=open_store(url)), create_app(translator, store=open_store(url))
+    gate = Gate(runs, hold_from=2)
+    part = b"".join(document.splitlines(keepends=True)[:300])
+    cannot_keep = "the translated file cannot be kept: the store is unreachable"
+    with TestClient(runs) as a, TestClient(reads) as b:
+        job_id = post_job(a, part).json()["id"]
+        assert gate.waiting.wait(30)
+        store = runs.state.server.store
+        store.down = True  # the running replica's breaker open: nothing it writes reaches the store
+        gate.open()
+        wait_for(lambda: job_id not in runs.state.file_jobs.jobs)  # ended, its end unwritten
+        time.sleep(1.0)  # twice STALE
+        store.down = False
+
+        def written():
+            job = b.get(f"/file_jobs/{job_id}").json()
+            return job if job["status"] == "failed" and job["error"] == cannot_keep else None
+
+        assert wait_for(written, timeout=10)["error_code"] == 503
+        assert a.get(f"/file_jobs/{job_id}").json()["error"] == cannot_keep
+
+
 @pytest.mark.slow
 def test_a_killed_replicas_job_reads_failed_on_the_others(
     translator, toy_corpus, trained, document, tmp_path, monkeypatch
