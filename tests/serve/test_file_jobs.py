@@ -176,14 +176,19 @@ def test_a_queued_job_cancelled_never_starts_and_jobs_are_bounded(translator, do
         assert gate.calls == 5  # one batch a chunk of the first job's, none of the second's
 
 
-def test_a_job_waiting_on_a_live_replica_is_kept_alive_past_stale(translator, document, tmp_path, monkeypatch):
-    """Neither a chunk that takes long nor a place in the queue reads as a stopped replica on another one."""
+def held_replicas(translator, document: bytes, tmp_path, monkeypatch):
+    """Two replicas on one SQLite store, a heartbeat of 0.05 s and a stale bound of 0.5 s; the running one's second
+    batch held at a gate; a part of the document of 300 sentences (5 chunks)."""
     monkeypatch.setattr(file_jobs, "HEARTBEAT", 0.05)
     monkeypatch.setattr(file_jobs, "STALE", 0.5)
     url = f"sqlite:///{tmp_path}/store.db"
     runs, reads = create_app(translator, store=open_store(url)), create_app(translator, store=open_store(url))
-    gate = Gate(runs, hold_from=2)
-    part = b"".join(document.splitlines(keepends=True)[:300])
+    return runs, reads, Gate(runs, hold_from=2), b"".join(document.splitlines(keepends=True)[:300])
+
+
+def test_a_job_waiting_on_a_live_replica_is_kept_alive_past_stale(translator, document, tmp_path, monkeypatch):
+    """Neither a chunk that takes long nor a place in the queue reads as a stopped replica on another one."""
+    runs, reads, gate, part = held_replicas(translator, document, tmp_path, monkeypatch)
     with TestClient(runs) as a, TestClient(reads) as b:
         running = post_job(a, part).json()["id"]
         assert gate.waiting.wait(30)  # its second chunk held: no progress from here on
@@ -201,12 +206,7 @@ def test_a_jobs_end_missed_by_a_store_outage_is_written_once_the_store_is_back(
 ):
     """A job that ends while its replica cannot reach the store is not left running (nor read as a stopped replica's):
     the replica writes its end once the store answers again."""
-    monkeypatch.setattr(file_jobs, "HEARTBEAT", 0.05)
-    monkeypatch.setattr(file_jobs, "STALE", 0.5)
-    url = f"sqlite:///{tmp_path}/store.db"
-    runs, reads = create_app(translator, store=open_store(url)), create_app(translator, store=open_store(url))
-    gate = Gate(runs, hold_from=2)
-    part = b"".join(document.splitlines(keepends=True)[:300])
+    runs, reads, gate, part = held_replicas(translator, document, tmp_path, monkeypatch)
     cannot_keep = "the translated file cannot be kept: the store is unreachable"
     with TestClient(runs) as a, TestClient(reads) as b:
         job_id = post_job(a, part).json()["id"]
