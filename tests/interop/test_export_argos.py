@@ -4,7 +4,6 @@ model install with argostranslate (offline, into a temporary packages directory)
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
@@ -12,10 +11,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
-import sentencepiece as spm
 import torch
 import yaml
 from conftest import tiny_config
+from marian_models import opus_mt_tokenizer, sentencepiece_model, small_config
 
 from nanomt.core.config import config_from_dict
 from nanomt.core.languages import language_pair
@@ -108,12 +107,6 @@ def toy_runs(toy_corpus, tmp_path_factory) -> dict[str, Path]:
     return out
 
 
-def sentencepiece_model(path: Path, vocab_size: int, **options) -> bytes:
-    model = io.BytesIO()
-    spm.SentencePieceTrainer.train(input=str(path), model_writer=model, vocab_size=vocab_size, minloglevel=2, **options)
-    return model.getvalue()
-
-
 @pytest.fixture(scope="module")
 def marian_run(toy_corpus, tmp_path_factory) -> Path:
     """A random MarianMTModel with the Opus-MT layout (two SentencePiece models, one id table), imported."""
@@ -121,39 +114,15 @@ def marian_run(toy_corpus, tmp_path_factory) -> Path:
     from nanomt.interop import import_marian
 
     out = tmp_path_factory.mktemp("marian")
-    models = [sentencepiece_model(toy_corpus[f"train.{s}"], n) for s, n in (("src", 60), ("tgt", 70))]
-    (out / "source.spm").write_bytes(models[0])
-    (out / "target.spm").write_bytes(models[1])
-    table = {"</s>": 0, "<unk>": 1}
-    for model in models:
-        sp = spm.SentencePieceProcessor(model_proto=model)
-        for i in range(sp.get_piece_size()):
-            if not (sp.is_control(i) or sp.is_unknown(i)):
-                table.setdefault(sp.id_to_piece(i), len(table))
-    table["<pad>"] = len(table)
-    (out / "vocab.json").write_text(json.dumps(table), encoding="utf-8")
-    transformers.MarianTokenizer(
-        source_spm=str(out / "source.spm"), target_spm=str(out / "target.spm"), vocab=str(out / "vocab.json")
-    ).save_pretrained(out)
-    cfg = transformers.MarianConfig(
-        vocab_size=len(table),
+    table = opus_mt_tokenizer(out, toy_corpus)["vocab"]
+    cfg = small_config(
+        len(table),
+        table["<pad>"],
         decoder_vocab_size=len(table),
-        d_model=16,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=2,
-        decoder_attention_heads=2,
-        encoder_ffn_dim=32,
-        decoder_ffn_dim=32,
         max_position_embeddings=256,
         activation_function="swish",
-        scale_embedding=True,
         share_encoder_decoder_embeddings=True,
         tie_word_embeddings=True,
-        pad_token_id=table["<pad>"],
-        decoder_start_token_id=table["<pad>"],
-        eos_token_id=0,
-        forced_eos_token_id=None,
     )
     torch.manual_seed(0)
     model = transformers.MarianMTModel(cfg).eval()

@@ -3,14 +3,13 @@ with MarianMTModel/MarianTokenizer and compared (ids, logits, greedy tokens, fil
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 
 import pytest
-import sentencepiece as spm
 import torch
 from conftest import decoding, tiny_config, tokens
+from marian_models import opus_mt_tokenizer, saved_random, small_config
 from safetensors.torch import load_file
 
 transformers = pytest.importorskip("transformers")
@@ -165,79 +164,22 @@ def test_config_files_and_back_through_import(run, exported, tmp_path):
 # ---------------------------------------------------------------------------------------------------------
 
 
-def sentencepiece_model(path: Path, vocab_size: int) -> bytes:
-    model = io.BytesIO()
-    spm.SentencePieceTrainer.train(input=str(path), model_writer=model, vocab_size=vocab_size, minloglevel=2)
-    return model.getvalue()
-
-
-def id_table(*models: bytes, pad_last: bool) -> dict[str, int]:
-    """vocab.json as Marian's conversion writes it: </s> 0, <unk> 1, the pieces, <pad> (last, or at 2)."""
-    table = {"</s>": 0, "<unk>": 1} if pad_last else {"</s>": 0, "<unk>": 1, "<pad>": 2}
-    for model in models:
-        sp = spm.SentencePieceProcessor(model_proto=model)
-        for i in range(sp.get_piece_size()):
-            if not (sp.is_control(i) or sp.is_unknown(i)):
-                table.setdefault(sp.id_to_piece(i), len(table))
-    table.setdefault("<pad>", len(table))
-    return table
-
-
-def write_marian_tokenizer(out: Path, corpus: dict[str, Path], shared: bool) -> dict[str, dict[str, int]]:
-    """source.spm, target.spm, id table(s) and tokenizer_config.json as MarianTokenizer.save_pretrained writes them."""
-    src, tgt = sentencepiece_model(corpus["train.src"], 60), sentencepiece_model(corpus["train.tgt"], 70)
-    (out / "source.spm").write_bytes(src)
-    (out / "target.spm").write_bytes(tgt)
-    files = {"source_spm": str(out / "source.spm"), "target_spm": str(out / "target.spm")}
-    tables = {"vocab": id_table(src, tgt, pad_last=True)}  # the layout of the Opus-MT models
-    if not shared:  # Marian's separate_vocabs: a table per side
-        tables = {"vocab": id_table(src, pad_last=False), "target_vocab_file": id_table(tgt, pad_last=False)}
-    for name, table in tables.items():
-        files[name] = str(out / ("vocab.json" if name == "vocab" else "target_vocab.json"))
-        Path(files[name]).write_text(json.dumps(table), encoding="utf-8")
-    transformers.MarianTokenizer(**files, separate_vocabs=not shared).save_pretrained(out)
-    return tables
-
-
 @pytest.fixture(scope="module", params=["shared", "separate"])
 def marian_dir(request, tmp_path_factory) -> Path:
     """A random MarianMTModel with its tokenizer, saved with save_pretrained (as interop/test_marian.py builds it)."""
     shared = request.param == "shared"
     out = tmp_path_factory.mktemp(f"marian_{request.param}")
     corpus = write_corpus(tmp_path_factory.mktemp("toy"), pairs=400, valid=4, test=8)
-    tables = write_marian_tokenizer(out, corpus, shared)
-    pad = tables["vocab"]["<pad>"]
-    cfg = transformers.MarianConfig(
-        vocab_size=len(tables["vocab"]),
+    tables = opus_mt_tokenizer(out, corpus, shared)
+    cfg = small_config(
+        len(tables["vocab"]),
+        tables["vocab"]["<pad>"],
         decoder_vocab_size=len(tables.get("target_vocab_file", tables["vocab"])),
         share_encoder_decoder_embeddings=shared,
         tie_word_embeddings=shared,
-        d_model=16,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=2,
-        decoder_attention_heads=2,
-        encoder_ffn_dim=32,
-        decoder_ffn_dim=32,
-        max_position_embeddings=64,
         activation_function="swish",
-        scale_embedding=True,
-        pad_token_id=pad,
-        decoder_start_token_id=pad,
-        eos_token_id=0,
-        forced_eos_token_id=None,
     )
-    torch.manual_seed(0 if shared else 1)
-    model = transformers.MarianMTModel(cfg).eval()
-    with torch.no_grad():  # weights far from their initialization, so that every one of them shows
-        for name, p in model.named_parameters():
-            p.normal_(1.0 if "layer_norm.weight" in name else 0.0, 0.1 if "layer_norm" in name else 0.4)
-        model.final_logits_bias.normal_(0.0, 1.0)
-    gen = model.generation_config
-    gen.num_beams, gen.max_length, gen.bad_words_ids = 4, MAX_LEN + 1, [[pad]]
-    gen.forced_eos_token_id, gen.early_stopping, gen.length_penalty = None, False, 1.0
-    model.save_pretrained(out)
-    return out
+    return saved_random(cfg, out, seed=0 if shared else 1, max_new=MAX_LEN, eos_bias=0.0)
 
 
 CONFIG_KEYS = [

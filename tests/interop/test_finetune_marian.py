@@ -3,14 +3,13 @@ the same batches, AdamW, constant lr, clipping; the same weights after 5 steps (
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 from conftest import tiny_config
-from marian_models import id_table, sentencepiece_model
+from marian_models import opus_mt_tokenizer, small_config
 
 from nanomt.core.checkpoint import WEIGHTS, load_checkpoint, read_weights
 from nanomt.core.config import config_from_dict
@@ -38,35 +37,10 @@ def corpus(tmp_path_factory) -> dict[str, Path]:
 def marian_dir(corpus, tmp_path_factory) -> Path:
     """A random opus-mt-like MarianMTModel (shared table, <pad> last and the decoder's start), without dropout."""
     out = tmp_path_factory.mktemp("marian")
-    src, tgt = sentencepiece_model(corpus["train.src"], 60), sentencepiece_model(corpus["train.tgt"], 70)
-    (out / "source.spm").write_bytes(src)
-    (out / "target.spm").write_bytes(tgt)
-    table = id_table(src, tgt, pad_last=True)
-    (out / "vocab.json").write_text(json.dumps(table), encoding="utf-8")
-    files = {"source_spm": str(out / "source.spm"), "target_spm": str(out / "target.spm")}
-    transformers.MarianTokenizer(**files, vocab=str(out / "vocab.json")).save_pretrained(out)
+    table = opus_mt_tokenizer(out, corpus)["vocab"]
     pad = table["<pad>"]
-    cfg = transformers.MarianConfig(
-        vocab_size=len(table),
-        decoder_vocab_size=len(table),
-        d_model=16,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=2,
-        decoder_attention_heads=2,
-        encoder_ffn_dim=32,
-        decoder_ffn_dim=32,
-        max_position_embeddings=64,
-        activation_function="swish",
-        scale_embedding=True,
-        dropout=0.0,
-        attention_dropout=0.0,
-        activation_dropout=0.0,
-        pad_token_id=pad,
-        decoder_start_token_id=pad,
-        eos_token_id=0,
-        forced_eos_token_id=None,
-    )
+    no_dropout = dict(dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
+    cfg = small_config(len(table), pad, decoder_vocab_size=len(table), activation_function="swish", **no_dropout)
     torch.manual_seed(0)
     model = transformers.MarianMTModel(cfg)
     with torch.no_grad():  # every weight away from its initial value (zero biases, unit norms), so that each shows

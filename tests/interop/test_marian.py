@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from marian_models import id_table, saved_random, sentencepiece_model, small_config
+from marian_models import opus_mt_tokenizer, saved_random, small_config
 
 transformers = pytest.importorskip("transformers")
 
@@ -35,20 +35,7 @@ def marian_dir(request, corpus, tmp_path_factory) -> Path:
     """A random MarianMTModel with its tokenizer, saved as save_pretrained saves them."""
     shared = request.param == "shared"
     out = tmp_path_factory.mktemp(f"marian_{request.param}")
-    src, tgt = sentencepiece_model(corpus["train.src"], 60), sentencepiece_model(corpus["train.tgt"], 70)
-    (out / "source.spm").write_bytes(src)
-    (out / "target.spm").write_bytes(tgt)
-    files = {"source_spm": str(out / "source.spm"), "target_spm": str(out / "target.spm")}
-    if shared:  # one table over both models, <pad> last: the layout of the Opus-MT models
-        tables = {"vocab": id_table(src, tgt, pad_last=True)}
-    else:  # Marian's separate_vocabs: a table per side, which must agree on </s> and <pad>
-        tables = {"vocab": id_table(src, pad_last=False), "target_vocab_file": id_table(tgt, pad_last=False)}
-    for name, table in tables.items():
-        path = out / ("vocab.json" if name == "vocab" else "target_vocab.json")
-        path.write_text(json.dumps(table), encoding="utf-8")
-        files[name] = str(path)
-    tokenizer = transformers.MarianTokenizer(**files, separate_vocabs=not shared)
-    tokenizer.save_pretrained(out)
+    tables = opus_mt_tokenizer(out, corpus, shared)
     vocab, pad = len(tables["vocab"]), tables["vocab"]["<pad>"]
     cfg = small_config(
         vocab,

@@ -13,6 +13,7 @@ import pytest
 import sentencepiece as spm
 import torch
 from conftest import decoding, tokens
+from marian_models import id_table
 from search_models import EOS, STOP_TABLE, A, B, C, TableModel, table_src
 
 from nanomt.core.config import BOS_ID, ModelConfig
@@ -149,20 +150,8 @@ def models() -> tuple[bytes, bytes]:
     return sentencepiece_model([s for s, _ in pairs], 40), sentencepiece_model([t for _, t in pairs], 44)
 
 
-def id_table(*models: bytes, pad_last: bool = True) -> dict[str, int]:
-    """Marian's layout: </s> 0, <unk> 1, every piece of the models once, <pad> last (or at 2)."""
-    table = {"</s>": 0, "<unk>": 1} if pad_last else {"</s>": 0, "<unk>": 1, "<pad>": 2}
-    for model in models:
-        sp = spm.SentencePieceProcessor(model_proto=model)
-        for i in range(sp.get_piece_size()):
-            if not (sp.is_control(i) or sp.is_unknown(i)):
-                table.setdefault(sp.id_to_piece(i), len(table))
-    table.setdefault("<pad>", len(table))
-    return table
-
-
 def test_id_table_gives_ids_pieces_and_text(models, tmp_path):
-    table = id_table(*models)
+    table = id_table(*models, pad_last=True)
     tok = Tokenizer(*models, table)
     src_sp = spm.SentencePieceProcessor(model_proto=models[0])
     text = "la zira dormat"
@@ -199,7 +188,7 @@ def test_separate_target_table(models, tmp_path):
 
 
 def test_id_table_needs_its_special_pieces(models):
-    table = id_table(*models)
+    table = id_table(*models, pad_last=True)
     del table["</s>"]
     with pytest.raises(ValueError, match="</s>"):
         Tokenizer(*models, dict(zip(table, range(len(table)))))
