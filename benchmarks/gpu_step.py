@@ -228,7 +228,8 @@ def peak_tflops(device: torch.device, given: float | None) -> float | None:
     return next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
 
 
-def main(argv: list[str] | None = None) -> dict:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line, its defaults resolved (they depend on --smoke and the device)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda")
     p.add_argument("--out", type=Path, default=None, help="JSON results file (default: print only)")
@@ -243,100 +244,126 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--compile-backend", default=None, help="default: inductor on CUDA, eager elsewhere")
     p.add_argument("--peak-tflops", type=float, default=None, help="the device's dense peak for MFU")
     args = p.parse_args(argv)
-    device = torch.device(args.device)
-    shape = dict(SHAPES[args.shape or ("smoke" if args.smoke else "base")])
-    steps, warmup, rounds = (
-        args.steps or (2 if args.smoke else 10),
-        args.warmup,
-        args.rounds or (1 if args.smoke else 3),
-    )
-    warmup = warmup if warmup is not None else (1 if args.smoke else 3)
-    precision = args.precision or ("bf16" if device.type == "cuda" else "fp32")
-    dtype = torch.bfloat16 if precision == "bf16" else None
-    backend = args.compile_backend or ("inductor" if device.type == "cuda" else "eager")
+    args.device = torch.device(args.device)
+    cuda = args.device.type == "cuda"
+    args.shape = dict(SHAPES[args.shape or ("smoke" if args.smoke else "base")])
+    args.steps = args.steps or (2 if args.smoke else 10)
+    args.warmup = args.warmup if args.warmup is not None else (1 if args.smoke else 3)
+    args.rounds = args.rounds or (1 if args.smoke else 3)
+    args.precision = args.precision or ("bf16" if cuda else "fp32")
+    args.dtype = torch.bfloat16 if args.precision == "bf16" else None
+    args.compile_backend = args.compile_backend or ("inductor" if cuda else "eager")
+    args.contenders = [n for n in (args.contenders or CONTENDERS) if not (n == "nanomt_fp32" and args.dtype is None)]
+    return args
+
+
+def prepare(args: argparse.Namespace, corpus: RandomPairs, plan: list, max_positions: int, errors: dict) -> dict:
+    """Each contender's model, step and device-ready batches, warmed up (the compiled one on every batch shape):
+    {name: {"model", "step", "batches", "warmup_s"}}; a contender that fails is an entry of `errors` instead."""
+    ready = {}
+    for name in args.contenders:
+        try:
+            torch.manual_seed(0)
+            build = marian_model if name == "marian" else nanomt_model
+            model = build(args.shape, args.device, max_positions + 2)
+            if model is None:
+                errors[name] = "skipped: no transformers"
+                continue
+            step_dtype = None if name == "nanomt_fp32" else args.dtype
+            step = make_step(name, model, args.device, step_dtype, args.compile_backend)
+            pin, half = name != "nanomt_pageable", args.dtype is not None
+            batches = host_batches(name, corpus, plan, args.device, pin=pin, half=half)
+            t0 = time.perf_counter()
+            for i in range(max(args.warmup, len(plan) if name == "nanomt_compiled" else 0)):  # every shape compiled
+                step(batches[i % len(plan)])
+            sync(args.device)
+            ready[name] = {
+                "model": model,
+                "step": step,
+                "batches": batches,
+                "warmup_s": round(time.perf_counter() - t0, 2),
+            }
+        except Exception as e:  # one contender's failure is its result; the others run
+            errors[name] = f"{type(e).__name__}: {e}"
+            traceback.print_exc()
+    return ready
+
+
+def time_rounds(args: argparse.Namespace, ready: dict, n_batches: int, errors: dict) -> dict:
+    """Each contender's seconds a step in each round ("seconds") and its step's own peak memory ("peak_memory"),
+    the contenders taking turns within a round; one that fails leaves `ready` for `errors`."""
+    cuda = args.device.type == "cuda"
+    for r in ready.values():
+        r["seconds"], r["peak_memory"] = [], 0
+    for _ in range(args.rounds):
+        for name, r in list(ready.items()):
+            try:
+                sync(args.device)
+                if cuda:
+                    torch.cuda.reset_peak_memory_stats(args.device)
+                    resident = torch.cuda.memory_allocated(args.device)  # every contender's weights and AdamW state
+                t0 = time.perf_counter()
+                for i in range(args.steps):
+                    r["step"](r["batches"][i % n_batches])
+                sync(args.device)
+                r["seconds"].append((time.perf_counter() - t0) / args.steps)
+                if cuda:
+                    r["peak_memory"] = max(r["peak_memory"], torch.cuda.max_memory_allocated(args.device) - resident)
+            except Exception as e:
+                errors[name] = f"{type(e).__name__}: {e}"
+                traceback.print_exc()
+                del ready[name]
+    return ready
+
+
+def contender_results(args: argparse.Namespace, ready: dict, flops: float, tokens: float) -> dict:
+    """A contender's line: its best round's step time, throughput, model TFLOP/s and MFU, memory, warm-up."""
+    peak = peak_tflops(args.device, args.peak_tflops)
+    results = {}
+    for name, r in ready.items():
+        best = min(r["seconds"])
+        achieved = flops / best / 1e12
+        results[name] = {
+            "step_ms": round(best * 1e3, 3),
+            "step_ms_all_rounds": [round(x * 1e3, 3) for x in r["seconds"]],
+            "target_tokens_per_s": round(tokens / best, 1),
+            "model_tflops": round(achieved, 3),
+            "mfu": round(achieved / peak, 4) if peak else None,
+            "step_memory_gib": round(r["peak_memory"] / 2**30, 3) if args.device.type == "cuda" else None,
+            "warmup_s": r["warmup_s"],
+            "speedup_vs_nanomt": None,
+            "parameters": sum(p.numel() for p in r["model"].parameters()),
+        }
+    if "nanomt" in results:
+        for r in results.values():
+            r["speedup_vs_nanomt"] = round(results["nanomt"]["step_ms"] / r["step_ms"], 3)
+    return results
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    shape, device = args.shape, args.device
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
     src_lens, tgt_lens = sentence_lengths(shape)
     corpus = RandomPairs(src_lens, tgt_lens, shape["vocab"])
     plan = make_batches(src_lens, tgt_lens, shape["max_tokens"], seed=0, epoch=0)[: args.batches]
     max_positions = int(max(src_lens.max(), tgt_lens.max())) + 8
-    names = [n for n in (args.contenders or CONTENDERS) if not (n == "nanomt_fp32" and dtype is None)]
-    steps_of, batches_of, models, errors, compile_s = {}, {}, {}, {}, {}
-    for name in names:
-        try:
-            torch.manual_seed(0)
-            build = marian_model if name == "marian" else nanomt_model
-            m = build(shape, device, max_positions + 2)
-            if m is None:
-                errors[name] = "skipped: no transformers"
-                continue
-            models[name] = m
-            step_dtype = None if name == "nanomt_fp32" else dtype
-            steps_of[name] = make_step(name, m, device, step_dtype, backend)
-            batches_of[name] = host_batches(
-                name, corpus, plan, device, pin=name != "nanomt_pageable", half=dtype is not None
-            )
-            t0 = time.perf_counter()
-            for i in range(max(warmup, len(plan) if name == "nanomt_compiled" else 0)):  # every shape compiled
-                steps_of[name](batches_of[name][i % len(plan)])
-            sync(device)
-            compile_s[name] = round(time.perf_counter() - t0, 2)
-        except Exception as e:  # one contender's failure is its result; the others run
-            errors[name] = f"{type(e).__name__}: {e}"
-            traceback.print_exc()
-            steps_of.pop(name, None)
-    seconds = {name: [] for name in steps_of}
-    peak_mem = {name: 0 for name in steps_of}
-    for _ in range(rounds):
-        for name, step in list(steps_of.items()):
-            try:
-                sync(device)
-                if device.type == "cuda":
-                    torch.cuda.reset_peak_memory_stats(device)
-                    resident = torch.cuda.memory_allocated(device)  # every contender's weights and AdamW state
-                t0 = time.perf_counter()
-                for i in range(steps):
-                    step(batches_of[name][i % len(plan)])
-                sync(device)
-                seconds[name].append((time.perf_counter() - t0) / steps)
-                if device.type == "cuda":
-                    peak_mem[name] = max(peak_mem[name], torch.cuda.max_memory_allocated(device) - resident)
-            except Exception as e:
-                errors[name] = f"{type(e).__name__}: {e}"
-                traceback.print_exc()
-                del steps_of[name], seconds[name]
+    errors: dict[str, str] = {}
+    ready = time_rounds(args, prepare(args, corpus, plan, max_positions, errors), len(plan), errors)
     # Per step, averaged over the batches a timed block cycles through (steps_i % len(plan)).
-    taken = [plan[i % len(plan)] for i in range(steps)]
-    flops = sum(flops_per_step(shape, src_lens[b] + 1, tgt_lens[b] + 1) for b in taken) / steps
-    tokens = sum(int(tgt_lens[b].sum()) + len(b) for b in taken) / steps
-    peak = peak_tflops(device, args.peak_tflops)
-    results = {}
-    for name, s in seconds.items():
-        best = min(s)
-        achieved = flops / best / 1e12
-        results[name] = {
-            "step_ms": round(best * 1e3, 3),
-            "step_ms_all_rounds": [round(x * 1e3, 3) for x in s],
-            "target_tokens_per_s": round(tokens / best, 1),
-            "model_tflops": round(achieved, 3),
-            "mfu": round(achieved / peak, 4) if peak else None,
-            "step_memory_gib": round(peak_mem[name] / 2**30, 3) if device.type == "cuda" else None,
-            "warmup_s": compile_s.get(name),
-            "speedup_vs_nanomt": None,
-            "parameters": sum(p.numel() for p in models[name].parameters()),
-        }
-    if "nanomt" in results:
-        for r in results.values():
-            r["speedup_vs_nanomt"] = round(results["nanomt"]["step_ms"] / r["step_ms"], 3)
+    taken = [plan[i % len(plan)] for i in range(args.steps)]
+    flops = sum(flops_per_step(shape, src_lens[b] + 1, tgt_lens[b] + 1) for b in taken) / args.steps
+    tokens = sum(int(tgt_lens[b].sum()) + len(b) for b in taken) / args.steps
     padded = [collate(corpus, b, IDS) for b in taken]
     report = {
         "what": "training step (forward, label-smoothed CE, backward, clip, fused AdamW) on token-budget batches",
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
-        "precision": precision,
+        "precision": args.precision,
         "shape": shape,
         "lengths": f"{LENGTHS.relative_to(ROOT)} scaled to a target mean of {shape['mean_tgt']}",
         "batches": len(plan),
-        "sentences_per_step": sum(len(b) for b in taken) / steps,
+        "sentences_per_step": sum(len(b) for b in taken) / args.steps,
         "target_tokens_per_step": tokens,
         "padding_fraction_padded": round(
             1 - sum(b.n_tgt_tokens for b in padded) / sum(b.tgt_out.numel() for b in padded), 4
@@ -345,12 +372,12 @@ def main(argv: list[str] | None = None) -> dict:
         "flops_per_target_token": flops / tokens,
         "flops_formula": "6*(N_enc*sum S_i + (N_dec + D*V)*sum T_i) + 12*D*L*sum_i(S_i^2 + T_i^2 + T_i*S_i)",
         "mfu_formula": "flops_per_step / step_s / peak_tflops",
-        "peak_tflops": peak,
-        "compile_backend": backend,
-        "steps": steps,
-        "warmup": warmup,
-        "rounds": rounds,
-        "results": results,
+        "peak_tflops": peak_tflops(device, args.peak_tflops),
+        "compile_backend": args.compile_backend,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "rounds": args.rounds,
+        "results": contender_results(args, ready, flops, tokens),
         "skipped": [f"{n} ({e})" for n, e in errors.items()],
         "versions": {"torch": torch.__version__, "python": platform.python_version()},
         "commit": git("rev-parse", "HEAD") or None,
