@@ -14,6 +14,11 @@ from nanomt.serve.keys import WINDOW_S, KeyRing, Limits
 from nanomt.serve.store import Hit
 
 UNLIMITED = Limits()
+# The headers presented_key reads, as the OpenAPI schema's security schemes (a body's api_key is a field of its own).
+SECURITY = {
+    "bearer": {"type": "http", "scheme": "bearer", "description": "Authorization: Bearer KEY"},
+    "apiKeyHeader": {"type": "apiKey", "in": "header", "name": "X-API-Key"},
+}
 KEY_ATTEMPTS = 10  # wrong keys an address may present a minute; past them every key it sends is a 429 at once
 
 

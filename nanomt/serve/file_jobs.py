@@ -41,7 +41,7 @@ from fastapi import FastAPI, HTTPException, Request
 from pydantic import BaseModel, Field
 
 from nanomt.documents import files, formats
-from nanomt.serve.access import presented_key
+from nanomt.serve.access import SECURITY, presented_key
 from nanomt.serve.documents import Route, Stalled
 from nanomt.serve.errors import errors
 from nanomt.serve.file_routes import (
@@ -410,8 +410,6 @@ def job_body(server) -> dict:
 
 def add_routes(app: FastAPI, server, routed, kept: TranslatedFiles) -> FileJobs:
     """POST /file_jobs, GET and DELETE /file_jobs/{job_id}; `routed` and `kept` as /translate_file's."""
-    from nanomt.serve.openapi import SECURITY
-
     jobs = FileJobs(server, routed, kept)
     ways = [{name: []} for name in SECURITY]
     security = ways if server.key_required else [{}, *ways]

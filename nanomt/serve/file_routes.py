@@ -131,12 +131,9 @@ def file_refusal(name: str, e: files.FileError) -> HTTPException:
     return HTTPException(status, f"{name}: {e}")
 
 
-def add_routes(app: FastAPI, server, routed) -> None:
-    """POST /translate_file and GET /download_file/{name}, and nanomt's file jobs (nanomt.serve.file_jobs);
-    `routed(request, source, target)` gives a request's Route (LibreTranslate's routing: a 400 naming a language not
-    served)."""
-    from nanomt.serve import file_jobs
-
+def add_routes(app: FastAPI, server, routed) -> TranslatedFiles:
+    """POST /translate_file and GET /download_file/{name}; `routed(request, source, target)` gives a request's Route
+    (LibreTranslate's routing: a 400 naming a language not served). Returns where the translated files are kept."""
     kept = TranslatedFiles(server.store, server.layout)
 
     @app.post("/translate_file", responses=ERRORS, openapi_extra={"requestBody": file_body(", ".join(formats.FORMATS))})
@@ -175,4 +172,4 @@ def add_routes(app: FastAPI, server, routed) -> None:
         disposition = f"attachment; filename*=UTF-8''{quote(name.split('.', 1)[1])}"  # any name, safely
         return Response(data, media_type=media_type, headers={"Content-Disposition": disposition})
 
-    file_jobs.add_routes(app, server, routed, kept)
+    return kept

@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field, StrictBool, StrictStr
 
 from nanomt.core.languages import LANGUAGE_NAMES
 from nanomt.documents import formats
-from nanomt.serve import confidence, file_routes
+from nanomt.serve import confidence, file_jobs, file_routes
 from nanomt.serve.documents import Route
 from nanomt.serve.errors import ERRORS, check_size, errors, read_body, validate
 from nanomt.serve.models import NoRoute
@@ -177,8 +177,12 @@ async def translate(server, request: Request, req: LibreTranslateRequest) -> Lib
 
 def add_routes(app: FastAPI, server) -> None:
     """GET /languages, POST /detect, GET /frontend/settings, POST /translate_file (POST /translate is shared:
-    nanomt.serve.api)."""
-    file_routes.add_routes(app, server, lambda request, source, target: _route(server, request, source, target, 1))
+    nanomt.serve.api), and nanomt's file jobs (nanomt.serve.file_jobs) on /translate_file's form, routing and store."""
+
+    def routed(request: Request, source: str, target: str) -> Route:
+        return _route(server, request, source, target, 1)
+
+    file_jobs.add_routes(app, server, routed, file_routes.add_routes(app, server, routed))
 
     @app.get("/languages", response_model=list[Language])
     async def languages() -> list[Language]:

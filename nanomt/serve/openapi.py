@@ -8,6 +8,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from nanomt.serve import libretranslate
+from nanomt.serve.access import SECURITY
 from nanomt.serve.errors import FORM, RETRY_AFTER
 from nanomt.serve.schemas import AttentionRequest, TranslateRequest
 
@@ -17,10 +18,6 @@ BODIES = (
     libretranslate.DetectRequest,
     libretranslate.SuggestRequest,
 )
-SECURITY = {
-    "bearer": {"type": "http", "scheme": "bearer", "description": "Authorization: Bearer KEY"},
-    "apiKeyHeader": {"type": "apiKey", "in": "header", "name": "X-API-Key"},
-}
 KEYED = ("/translate", "/attention", "/detect", "/suggest", "/translate_file")
 
 
