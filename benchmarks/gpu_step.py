@@ -64,7 +64,7 @@ from nanomt.core.config import SpecialIds
 from nanomt.training.data import collate, pack
 from nanomt.training.stream import PAD_MULTIPLE, bucketed, pad_width
 from nanomt.training.train import label_smoothed_loss
-from scripts.common import ROOT, git
+from scripts.common import ROOT, cpu_model, git
 
 BASE = dict(d_model=512, n_heads=8, layers=6, d_ff=2048, vocab=37000, max_tokens=25000, mean_tgt=27.0, sentences=60000)
 SMOKE = dict(d_model=32, n_heads=2, layers=1, d_ff=64, vocab=200, max_tokens=300, mean_tgt=12.0, sentences=200)
@@ -358,7 +358,7 @@ def main(argv: list[str] | None = None) -> dict:
     padded = [collate(corpus, b, IDS) for b in taken]
     report = {
         "what": "training step (forward, label-smoothed CE, backward, clip, fused AdamW) on token-budget batches",
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model(),
         "precision": args.precision,
         "shape": shape,
         "lengths": f"{LENGTHS.relative_to(ROOT)} scaled to a target mean of {shape['mean_tgt']}",
