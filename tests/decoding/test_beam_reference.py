@@ -13,11 +13,11 @@ import dataclasses
 import math
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import pytest
 import torch
 from conftest import decoding, max_len_fn, random_transformer
+from search_models import PrefixCache
 
 from nanomt.core.config import ModelConfig
 from nanomt.core.model import DecoderOutput, Encoded, padding_mask
@@ -91,20 +91,6 @@ def reference_beam_search(
 # ---------------------------------------------------------------------------------------------------------
 # Models and their uncached scores.
 # ---------------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PrefixCache:
-    """The stand-in's decoder cache: every token fed so far, BOS first."""
-
-    prefixes: torch.Tensor  # (R, t)
-
-    @property
-    def length(self) -> int:
-        return self.prefixes.size(1)
-
-    def index_select(self, index: torch.Tensor, cross: bool = True) -> PrefixCache:
-        return PrefixCache(self.prefixes.index_select(0, index))
 
 
 class SourceTable:
