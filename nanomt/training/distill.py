@@ -36,7 +36,7 @@ from nanomt.core.decoding import Decoding
 from nanomt.core.model import Transformer
 from nanomt.core.tokenizer import Tokenizer
 from nanomt.training.errors import TrainingError
-from nanomt.training.prepare import with_tokenizer
+from nanomt.training.prepare import check_run_dir, with_tokenizer
 from nanomt.training.teacher import teacher_translations, translations_path
 from nanomt.training.train import train
 
@@ -141,6 +141,24 @@ def init_student(teacher: Path, cfg: Config, out: Path, from_teacher: bool = Tru
     return ckpt.write_checkpoint_dir(out, cfg, ckpt.find_run_files(teacher)[1], ckpt.model_state(model))
 
 
+def check_student_dir(run_dir: Path, teachers: list[Path]) -> None:
+    """The student's run directory holds no teacher's run and lies inside none (where it would resume a teacher, or
+    write into one), and is a directory training may write (check_run_dir)."""
+    student = run_dir.resolve()
+    for teacher in teachers:
+        root = ckpt.find_run_files(teacher)[0].parent.resolve()
+        if student == root:
+            where = "is"
+        elif student in root.parents:
+            where = "holds"
+        elif root in student.parents:
+            where = "is inside"
+        else:
+            continue
+        raise TrainingError(f"--run-dir {run_dir} {where} the run of teacher {teacher}; give the student its own")
+    check_run_dir(run_dir)
+
+
 def distill(
     teachers: list[str | Path],
     sources: list[str | Path],
@@ -164,8 +182,7 @@ def distill(
     run_dir = Path(run_dir)
     if not teachers:
         raise TrainingError("no teacher given")
-    if any(run_dir.resolve() == t.resolve() for t in teachers):
-        raise TrainingError(f"--run-dir {run_dir} is a teacher; give the student a directory of its own")
+    check_student_dir(run_dir, teachers)
     check_tokenizers(teachers)
     sources = [Path(s) for s in sources]
     out_dir = run_dir / DISTILL_DIR

@@ -39,6 +39,8 @@ def has_split(cfg: Config, name: str) -> bool:
 
 def check_run_dir(run_dir: Path) -> None:
     """A --run-dir is new, or one that training made: a model made otherwise (imported, averaged) is never touched."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise TrainingError(f"--run-dir {run_dir} is not a directory")
     if (run_dir / ckpt.CHECKPOINTS).is_dir():  # made by train at the start of the run
         return
     # A tokenizer alone is no model: one put there beforehand is the run's vocabulary (run_tokenizer loads it).

@@ -128,6 +128,8 @@ def teacher_translations(
     for source in sources:
         if not source.is_file():
             raise FileNotFoundError(f"--src {source}: file not found")
+        if source.stat().st_size == 0:
+            raise TrainingError(f"--src {source}: the file is empty, there is nothing to translate")
     if decoding is None:  # an ensemble decodes with its first member's settings, as Translator does
         decoding = Decoding.from_config(load_config(find_run_files(teachers[0])[0]).decode)
     translator: Translator | None = None

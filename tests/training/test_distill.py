@@ -136,6 +136,35 @@ def test_teachers_that_cannot_share_a_tokenizer_are_refused(toy_corpus, trained,
     assert "shares its teacher's tokenizer" in out.stderr
 
 
+def tree(folder: Path) -> dict[str, int]:
+    """Every file under `folder`, with its last change."""
+    return {str(p.relative_to(folder)): p.stat().st_mtime_ns for p in sorted(folder.rglob("*"))}
+
+
+def test_a_run_dir_that_cannot_hold_the_student_is_refused_before_translating(teacher, source, tmp_path):
+    """A --run-dir inside the teacher's run or holding it, a file, a folder holding an averaged model, and an
+    empty --src: one line each, naming the problem, before a line is translated; nothing is written anywhere."""
+    shutil.copytree(teacher, tmp_path / "teacher")
+    teacher_copy, step = tmp_path / "teacher", next((tmp_path / "teacher" / "checkpoints").iterdir())
+    averaged, empty, a_file = tmp_path / "averaged", tmp_path / "empty.src", tmp_path / "a_file"
+    assert run_nanomt("average", step, "--out", averaged).returncode == 0
+    empty.write_text("", encoding="utf-8")
+    a_file.write_text("not a folder\n", encoding="utf-8")
+    before = tree(tmp_path)
+    for teachers, src, run_dir, problem in [
+        ([teacher_copy], source, teacher_copy / "checkpoints", "is inside the run of teacher"),
+        ([step], source, teacher_copy, "is the run of teacher"),
+        ([teacher_copy], source, tmp_path, "holds the run of teacher"),
+        ([teacher_copy], source, a_file, "not a directory"),
+        ([teacher_copy], source, averaged, "not trained there"),
+        ([teacher_copy], empty, tmp_path / "student", "empty"),
+    ]:
+        out = run_nanomt("distill", *teachers, "--src", src, "--run-dir", run_dir, *STUDENT_BUDGET, text=True)
+        assert out.returncode == 1 and out.stderr.strip().count("\n") == 0, out.stderr
+        assert problem in out.stderr and str(run_dir if problem != "empty" else src) in out.stderr
+        assert tree(tmp_path) == before, problem
+
+
 def test_original_pairs_are_mixed_in_with_their_weight(toy_corpus, teacher, source, student, tmp_path):
     """--pairs SRC TGT --pairs-weight W: a corpus of the student's config beside the translations; the translations
     cached in the first run's folder are not made again (a copy of it: nothing translated)."""
