@@ -153,6 +153,19 @@ def test_train_refuses_a_directory_holding_a_model_it_did_not_train_and_leaves_i
     assert tree_digest(averaged) == before
 
 
+def test_train_refuses_a_run_dir_that_is_a_file_and_leaves_it_as_it_was(toy_corpus, tmp_path, capsys):
+    a_file = tmp_path / "run"
+    a_file.write_text("notes\n", encoding="utf-8")
+    config = tmp_path / "tiny.yaml"
+    config.write_text(json.dumps(tiny_config(toy_corpus, max_steps=2)))
+    with pytest.raises(SystemExit) as e:
+        main(["train", str(config), "--run-dir", str(a_file)])
+    assert e.value.code != 0
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"--run-dir {a_file} is not a directory" in err
+    assert a_file.read_text(encoding="utf-8") == "notes\n"
+
+
 def test_train_refuses_another_runs_directory_with_another_config_and_leaves_it_as_it_was(
     toy_corpus, base_run, tmp_path
 ):
