@@ -44,6 +44,11 @@ def show_warning(message, category, filename, lineno, file=None, line=None):
     sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
 
 
+def tree(folder: Path) -> dict[str, int]:
+    """Every file and folder under `folder`, with its last change: equal before and after, nothing was written."""
+    return {str(p.relative_to(folder)): p.stat().st_mtime_ns for p in sorted(folder.rglob("*"))}
+
+
 def run_nanomt(*args, input: bytes | str | None = None, text: bool = False, check: bool = False):
     """`nanomt ARGS` run by nanomt.cli.main in this process, as subprocess.run([*NANOMT, *ARGS], input=input,
     capture_output=True, text=text, check=check) gives it, without a second Python and torch to start: stdin is

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import argparse
 
-from nanomt.cli import require_extra
+from nanomt.cli import new_directory, require_extra
 
 
 def import_model(args: argparse.Namespace) -> None:
     from nanomt.interop.marian import import_marian
 
-    print(f"run directory: {import_marian(args.hf_dir, args.out)}")
+    print(f"run directory: {import_marian(args.hf_dir, new_directory(args.out))}")
 
 
 def export(args: argparse.Namespace) -> None:
+    if args.target != "argos":  # a package is one file, replaced whole (nanomt.interop.argos)
+        new_directory(args.out)
     try:
         if args.target == "ct2":
             from nanomt.interop.ct2 import export_ct2

@@ -9,7 +9,7 @@ import matplotlib.image
 import pytest
 import sacrebleu
 import torch
-from conftest import run_nanomt, tiny_config
+from conftest import run_nanomt, tiny_config, tree
 
 from nanomt.cli import build_parser, main
 from nanomt.core.checkpoint import WEIGHTS, CheckpointError, read_weights, save_weights, step_dirs
@@ -167,6 +167,32 @@ def test_average_is_the_mean_and_a_complete_checkpoint(run_dir, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["average", "RUN", "--last", "2", "--out", "OUT"],
+        ["export", "ct2", "RUN", "--out", "OUT"],
+        ["export", "onnx", "RUN", "--out", "OUT"],
+        ["import", "marian", "RUN", "--out", "OUT"],
+    ],
+    ids=lambda c: " ".join(c[:2]),
+)
+def test_a_directory_to_write_that_is_not_empty_is_refused_and_left_as_it_was(run_dir, tmp_path, command):
+    """The run itself, a folder holding a file, a file: one line naming --out, nothing written anywhere (a model,
+    or an export, is never replaced or mixed with another)."""
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "notes.txt").write_text("notes\n")
+    (tmp_path / "a_file").write_text("notes\n")
+    before = tree(tmp_path)
+    for out in (run, tmp_path / "folder", tmp_path / "a_file"):
+        res = cli(*[{"RUN": run, "OUT": out}.get(a, a) for a in command])
+        assert res.returncode == 1 and res.stderr.strip().count("\n") == 0, res.stderr
+        assert f"--out {out}: already exists and is not empty" in res.stderr
+        assert tree(tmp_path) == before
+
+
 def test_plots_from_the_cli(run_dir, tmp_path):
     for args in (
         ("attention", run_dir, "la nuka belur korat.", "-o", tmp_path / "att.png"),

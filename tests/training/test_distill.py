@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import run_nanomt, tiny_config
+from conftest import run_nanomt, tiny_config, tree
 from paths import REPO
 
 from nanomt.core.checkpoint import WEIGHTS, read_weights
@@ -134,11 +134,6 @@ def test_teachers_that_cannot_share_a_tokenizer_are_refused(toy_corpus, trained,
     out = run_nanomt("distill", teacher, "--src", source, "--run-dir", run, "--config", config, text=True)
     assert out.returncode == 1 and out.stderr.strip().count("\n") == 0
     assert "shares its teacher's tokenizer" in out.stderr
-
-
-def tree(folder: Path) -> dict[str, int]:
-    """Every file under `folder`, with its last change."""
-    return {str(p.relative_to(folder)): p.stat().st_mtime_ns for p in sorted(folder.rglob("*"))}
 
 
 def test_a_run_dir_that_cannot_hold_the_student_is_refused_before_translating(teacher, source, tmp_path):
