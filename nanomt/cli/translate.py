@@ -54,8 +54,16 @@ def check_modes(args: argparse.Namespace) -> None:
     if args.format == "docx" and not args.output and sys.stdout.isatty():
         raise ValueError("--format docx writes a binary file: give --output FILE (or redirect stdout)")
     for path, flag in ((args.input, "--input"), (args.prefix_file, "--prefix-file")):
+        if path and Path(path).is_dir():
+            raise ValueError(f"{flag} {path} is a directory; give a file")
         if path and not Path(path).is_file():
             raise FileNotFoundError(f"{flag} {path}: file not found")
+    if args.output:  # refused before hours of translating, not at the end
+        final = Path(os.path.realpath(args.output))
+        if final.is_dir():
+            raise ValueError(f"--output {args.output} is a directory; give a file")
+        if not final.parent.is_dir():
+            raise FileNotFoundError(f"--output {args.output}: its folder {final.parent} does not exist")
 
 
 @contextlib.contextmanager

@@ -274,6 +274,24 @@ def test_decoding_flags_are_checked_before_the_model_is_loaded(run_dir, monkeypa
     assert err.startswith(f"nanomt: error: {message}") and err.count("\n") == 1, err
 
 
+def test_input_and_output_files_are_checked_before_the_model_is_loaded(run_dir, toy_corpus, monkeypatch, tmp_path,
+                                                                      capsys):  # fmt: skip
+    """A folder given as --input or --output, and an --output whose folder does not exist: one line naming it, before
+    the model is loaded (not after the translating, with a temporary file's name)."""
+    monkeypatch.setattr(Translator, "from_checkpoints", lambda *a, **k: pytest.fail("the model was loaded"))
+    src = toy_corpus["test.src"]
+    for flags, message in [
+        (["-i", tmp_path], f"--input {tmp_path} is a directory"),
+        (["-i", src, "-o", tmp_path], f"--output {tmp_path} is a directory"),
+        (["-i", src, "-o", tmp_path / "no" / "out.txt"], f"--output {tmp_path / 'no' / 'out.txt'}: its folder"),
+    ]:
+        with pytest.raises(SystemExit) as e:
+            main(["translate", str(run_dir), *map(str, flags)])
+        assert e.value.code == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"nanomt: error: {message}") and err.count("\n") == 1, err
+
+
 def test_the_decoding_starts_from_the_checkpoints_and_reaches_the_translator_whole(run_dir, monkeypatch, tmp_path):
     from nanomt.core.decoding import Decoding
 
