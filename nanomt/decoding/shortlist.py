@@ -77,6 +77,8 @@ def build(src: list[list[int]], tgt: list[list[int]], tgt_vocab: int, tokenizer:
     """The table of a parallel corpus given as ids (one list a sentence a side)."""
     if len(src) != len(tgt) or not src:
         raise ValueError(f"a shortlist needs sentence pairs: {len(src)} sources, {len(tgt)} targets")
+    if top < 1 or frequent < 0:  # top 0 would leave a source piece no translation but the frequent ones
+        raise ValueError(f"--top must be >= 1 and --frequent >= 0, got {top} and {frequent}")
     s_sets = [np.unique(np.asarray(s, dtype=np.int64)) for s in src]
     t_sets = [np.unique(np.asarray(t, dtype=np.int64)) for t in tgt]
     s_count = np.bincount(np.concatenate(s_sets))  # sentences each source id occurs in

@@ -109,7 +109,12 @@ def test_nanomt_shortlist_and_translate_shortlist(run_dir, toy_corpus, tmp_path)
     missing = run_nanomt("translate", run_dir, "-i", src, "--shortlist", text=True)
     assert missing.returncode != 0 and "shortlist.json not found" in missing.stderr
     assert missing.stderr.strip().count("\n") == 0
-    run_nanomt("shortlist", run_dir, "--src", toy_corpus["train.src"], "--tgt", toy_corpus["train.tgt"], check=True)
+    pairs = ["--src", toy_corpus["train.src"], "--tgt", toy_corpus["train.tgt"]]
+    for bad in (["--top", "0"], ["--frequent", "-1"]):  # one line, and no shortlist.json written
+        refused = run_nanomt("shortlist", run_dir, *pairs, *bad, text=True)
+        assert refused.returncode == 1 and "--top must be >= 1 and --frequent >= 0" in refused.stderr
+        assert refused.stderr.strip().count("\n") == 0 and not (run_dir / sl.SHORTLIST).exists()
+    run_nanomt("shortlist", run_dir, *pairs, check=True)
     assert (run_dir / sl.SHORTLIST).is_file()
     short = run_nanomt("translate", run_dir, "-i", src, "--shortlist", text=True, check=True)
     again = run_nanomt("translate", run_dir, "-i", src, text=True)
