@@ -209,6 +209,8 @@ class ServeConfig:
     )
 
     def __post_init__(self):
+        if not 0 <= self.port <= 65535:  # else the socket's OverflowError, once the models are loaded
+            raise ValueError(f"port must be in 0..65535, got {self.port}")
         if self.default_beam is not None and not 1 <= self.default_beam <= MAX_REQUEST_BEAM:
             raise ValueError(f"beam size must be in 1..{MAX_REQUEST_BEAM}, got {self.default_beam}")
         if self.timeout is not None and not (self.timeout > 0 and math.isfinite(self.timeout)):

@@ -180,6 +180,9 @@ def test_serve_flags_build_the_serve_config(tmp_path, monkeypatch):
     assert (config.timeout, config.max_wait_ms, config.int8, config.api_key) == (7.0, 2.5, True, "k")
     with pytest.raises(ValueError, match="beam size must be in"):
         parse("runs/a", "--beam", "99")
+    for port in (-1, 65536):
+        with pytest.raises(ValueError, match=f"port must be in 0..65535, got {port}"):
+            parse("runs/a", "--port", port)
 
 
 def test_a_new_setting_with_its_metadata_is_a_flag():
