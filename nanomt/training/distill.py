@@ -35,8 +35,10 @@ from nanomt.core.config import (
 from nanomt.core.decoding import Decoding
 from nanomt.core.model import Transformer
 from nanomt.core.tokenizer import Tokenizer
+from nanomt.training.data import check_files, check_split
+from nanomt.training.data import corpora as data_corpora
 from nanomt.training.errors import TrainingError
-from nanomt.training.prepare import check_run_dir, with_tokenizer
+from nanomt.training.prepare import check_run_dir, has_split, with_tokenizer
 from nanomt.training.teacher import teacher_translations, translations_path
 from nanomt.training.train import train
 
@@ -191,6 +193,10 @@ def distill(
     corpora += [{"src": str(s), "tgt": str(t), "weight": pairs_weight} for s, t in pairs]
     valid_split = {"src": str(valid[0]), "tgt": str(valid[1])} if valid else None
     cfg = student_config(teachers[0], corpora, valid_split, student, config, overrides)
+    for where, split in data_corpora(cfg.data, "train")[len(sources) :]:  # the --pairs: read, not translated
+        check_split(split, where)
+    if has_split(cfg, "valid"):
+        check_files(cfg.data, "valid")
     teacher_translations(teachers, sources, out_dir, buffer_size, decoding, int8, device)
     init_dir = out_dir / "init"
     if not ckpt.step_dirs(run_dir) and not (init_dir / ckpt.WEIGHTS).is_file():

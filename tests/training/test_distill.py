@@ -136,27 +136,33 @@ def test_teachers_that_cannot_share_a_tokenizer_are_refused(toy_corpus, trained,
     assert "shares its teacher's tokenizer" in out.stderr
 
 
-def test_a_run_dir_that_cannot_hold_the_student_is_refused_before_translating(teacher, source, tmp_path):
-    """A --run-dir inside the teacher's run or holding it, a file, a folder holding an averaged model, and an
-    empty --src: one line each, naming the problem, before a line is translated; nothing is written anywhere."""
+def test_what_cannot_make_a_student_is_refused_before_translating(teacher, source, toy_corpus, tmp_path):
+    """A --run-dir inside the teacher's run or holding it, a file, a folder holding an averaged model; an empty --src;
+    --pairs or --valid files missing or not line-aligned: one line each, naming the problem and the path, before a
+    line is translated (which can take hours); nothing is written anywhere."""
     shutil.copytree(teacher, tmp_path / "teacher")
     teacher_copy, step = tmp_path / "teacher", next((tmp_path / "teacher" / "checkpoints").iterdir())
     averaged, empty, a_file = tmp_path / "averaged", tmp_path / "empty.src", tmp_path / "a_file"
     assert run_nanomt("average", step, "--out", averaged).returncode == 0
     empty.write_text("", encoding="utf-8")
     a_file.write_text("not a folder\n", encoding="utf-8")
+    student, missing, tgt = tmp_path / "student", tmp_path / "missing.src", toy_corpus["train.tgt"]
     before = tree(tmp_path)
-    for teachers, src, run_dir, problem in [
-        ([teacher_copy], source, teacher_copy / "checkpoints", "is inside the run of teacher"),
-        ([step], source, teacher_copy, "is the run of teacher"),
-        ([teacher_copy], source, tmp_path, "holds the run of teacher"),
-        ([teacher_copy], source, a_file, "not a directory"),
-        ([teacher_copy], source, averaged, "not trained there"),
-        ([teacher_copy], empty, tmp_path / "student", "empty"),
+    for teacher_dir, run_dir, flags, problem, named in [
+        (teacher_copy, teacher_copy / "checkpoints", [], "is inside the run of teacher", teacher_copy / "checkpoints"),
+        (step, teacher_copy, [], "is the run of teacher", teacher_copy),
+        (teacher_copy, tmp_path, [], "holds the run of teacher", tmp_path),
+        (teacher_copy, a_file, [], "not a directory", a_file),
+        (teacher_copy, averaged, [], "not trained there", averaged),
+        (teacher_copy, student, ["--src", empty], "the file is empty", empty),
+        (teacher_copy, student, ["--pairs", source, tgt], "must be line-aligned", tgt),
+        (teacher_copy, student, ["--pairs", missing, tgt], "file not found", missing),
+        (teacher_copy, student, ["--valid", missing, tgt], "file not found", missing),
     ]:
-        out = run_nanomt("distill", *teachers, "--src", src, "--run-dir", run_dir, *STUDENT_BUDGET, text=True)
+        src = [] if "--src" in flags else ["--src", source]
+        out = run_nanomt("distill", teacher_dir, *src, "--run-dir", run_dir, *flags, *STUDENT_BUDGET, text=True)
         assert out.returncode == 1 and out.stderr.strip().count("\n") == 0, out.stderr
-        assert problem in out.stderr and str(run_dir if problem != "empty" else src) in out.stderr
+        assert problem in out.stderr and str(named) in out.stderr, out.stderr
         assert tree(tmp_path) == before, problem
 
 
