@@ -59,7 +59,13 @@ def prepare(
     tokenizer: Tokenizer, cfg: Config, sentences: list[str], decoding: Decoding, prefixes: list[str] | None
 ) -> Prepared:
     """The rows to decode; ValueError naming what does not fit (a prefix past its sentence's length limit, a term
-    the vocabulary cannot write, a multilingual model's target language missing)."""
+    the vocabulary cannot write, a multilingual model's target language missing); TypeError for what is no list of
+    str (one str would be translated a character at a time)."""
+    if isinstance(sentences, str):
+        raise TypeError("sentences: a list of str, got one str (translate [text] for one sentence)")
+    bad = next((i for i, s in enumerate(sentences) if not isinstance(s, str)), None)
+    if bad is not None:
+        raise TypeError(f"sentence {bad + 1} is a {type(sentences[bad]).__name__}, not a str")
     leads, sentences = tokenizer.split_language(sentences, decoding.target_lang)
     texts, rows, owner = _rows(tokenizer, cfg, sentences, leads)
     cut = sorted({i for k, i in enumerate(owner) if k > 0 and owner[k - 1] == i})

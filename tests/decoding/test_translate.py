@@ -146,6 +146,27 @@ def test_max_len_a_and_b_come_from_the_config(vocab, tmp_path, beam_size, a, b):
     assert translator.translate(SOURCES) == tokenizer.decode_tgt([[words[0]] * n for n in budgets])
 
 
+def test_what_is_no_list_of_sentences_is_refused_by_every_door(vocab, tmp_path):
+    """One str (which would be translated a character at a time) and a list holding something else: a TypeError
+    naming it, from translate, the hypotheses, n-best, alignments and the server's check alike."""
+    tokenizer, tokenizer_dir, words = vocab
+    model = table_model(tokenizer.tgt_vocab_size, {}, default={words[0]: 1.0})
+    translator = Translator.from_checkpoint(write_checkpoint(tmp_path / "ckpt", model, tokenizer_dir))
+    doors = [
+        translator.translate,
+        translator.translate_hypotheses,
+        translator.translate_n_best,
+        translator.alignments,
+        lambda s: translator.check(s, translator.default_decoding),
+    ]
+    for door in doors:
+        with pytest.raises(TypeError, match=r"a list of str, got one str"):
+            door(SOURCES[0])
+        with pytest.raises(TypeError, match=r"sentence 2 is a NoneType, not a str"):
+            door([SOURCES[0], None])
+    assert len(translator.translate(SOURCES[:1])) == 1
+
+
 @pytest.mark.parametrize("beam_size", [1, 4])
 @pytest.mark.parametrize("min_len", [0, 1, 2, 3])
 def test_min_len_comes_from_the_config(vocab, tmp_path, beam_size, min_len):
