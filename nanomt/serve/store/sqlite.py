@@ -31,6 +31,11 @@ class SqliteStore(Store):
         self.url, self.path, self._clock = f"sqlite:///{path}", Path(path), clock
         self._lock = threading.Lock()
         self._writes = 0
+        if not self.path.parent.is_dir():  # sqlite3 says only "unable to open database file"
+            raise StoreError(
+                f"{self.url}: the folder {self.path.parent} does not exist (sqlite:///PATH is relative to the working "
+                "directory; sqlite:////PATH is absolute)"
+            )
         try:
             self._db = sqlite3.connect(str(self.path), timeout=10, check_same_thread=False, isolation_level=None)
             self._db.execute("PRAGMA busy_timeout = 10000")

@@ -52,7 +52,7 @@ def test_every_backend_keeps_values_bounded_groups_and_sliding_windows(store):
     assert store.hit("nanomt:rate:c", 1, 0.2).allowed  # the window slid past the first request
 
 
-def test_a_store_that_cannot_be_opened_is_an_error_naming_it(tmp_path):
+def test_a_store_that_cannot_be_opened_is_an_error_naming_it(tmp_path, monkeypatch):
     bad = tmp_path / "store.db"
     bad.write_bytes(b"not a database, and not to be replaced " * 100)
     with pytest.raises(StoreError, match=str(bad)):
@@ -63,6 +63,10 @@ def test_a_store_that_cannot_be_opened_is_an_error_naming_it(tmp_path):
         open_store(f"redis://127.0.0.1:{port}/0")
     with pytest.raises(StoreError, match="ftp://x: not a store"):
         open_store("ftp://x")
+    monkeypatch.chdir(tmp_path)  # sqlite:///data/x.db is data/x.db below the working directory (SQLAlchemy's form)
+    with pytest.raises(StoreError, match="the folder data does not exist .*sqlite:////PATH is absolute"):
+        open_store("sqlite:///data/x.db")
+    assert not (tmp_path / "data").exists()
 
 
 def test_nanomt_serve_with_a_store_it_cannot_open_stops_in_one_line(tmp_path, capsys):
