@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from urllib.parse import parse_qsl
 
 from fastapi import FastAPI, HTTPException, Request
@@ -17,12 +18,25 @@ def error(status: int, message: str, detail=None, headers: dict | None = None) -
     return JSONResponse({"error": message, "detail": detail}, status_code=status, headers=headers)
 
 
+# The labels pydantic puts in an error's place for the branch of a union that failed ("str", "list[str]",
+# "function-before[_no_lone_surrogate(), str]"): its internals, not the request's fields.
+BRANCH = re.compile(r"^(str|int|float|bool|none|list|dict)$|\[")
+SHOULD = "Input should be "
+
+
 def describe(errors: list[dict]) -> str:
-    """A one-line summary of pydantic's errors, e.g. 'text: Input should be a valid list'."""
-    parts = []
+    """A one-line summary of pydantic's errors, each place as the request names it, e.g. 'text: Input should be a
+    valid list' ('q: Input should be a valid string or a valid list' for a field taking either)."""
+    said: dict[str, list[str]] = {}
     for e in errors:
-        loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body")
-        parts.append(f"{loc}: {e.get('msg', 'invalid')}" if loc else e.get("msg", "invalid"))
+        place = (x for x in e.get("loc", ()) if x != "body" and not (isinstance(x, str) and BRANCH.search(x)))
+        said.setdefault(".".join(map(str, place)), []).append(e.get("msg", "invalid"))
+    parts = []
+    for loc, msgs in said.items():
+        msgs = list(dict.fromkeys(msgs))
+        if len(msgs) > 1 and all(m.startswith(SHOULD) for m in msgs):
+            msgs = [SHOULD + " or ".join(m[len(SHOULD) :] for m in msgs)]
+        parts += [f"{loc}: {m}" if loc else m for m in msgs]
     return "; ".join(parts)
 
 

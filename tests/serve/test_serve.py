@@ -124,6 +124,10 @@ BAD_REQUESTS = [
     ("/translate", {"text": []}, 422, "text"),
     ("/translate", {"texts": ["a"]}, 422, "text"),
     ("/translate", ["a", "b"], 422, "invalid request"),
+    # A field taking a string or a list of them: named as the request names it, not by pydantic's union branches.
+    ("/translate", {"q": 5, "source": "x", "target": "y"}, 422, "q: Input should be a valid string or a valid list"),
+    ("/translate", {"q": ["a", 5], "source": "x", "target": "y"}, 422, "q.1: Input should be a valid string"),
+    ("/translate", {"text": ["a"], "prefix": [5]}, 422, "prefix.0: Input should be"),
     ("/translate", {"text": ["a"], "beam_size": 0}, 422, "beam_size"),
     ("/translate", {"text": ["a"], "beam_size": 17}, 422, "beam_size"),
     ("/translate", {"text": ["a"], "beam_size": "5"}, 422, "beam_size"),
