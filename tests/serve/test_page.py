@@ -86,20 +86,21 @@ def lines(toy_corpus):
     return toy_corpus["test.src"].read_text().splitlines()
 
 
-def models(run) -> ModelSet:
-    return ModelSet.read([ModelSpec.parse(f"{pair}={run}") for pair in PAIRS], "en", None, "cpu", False)
+def models(run, pairs=PAIRS) -> ModelSet:
+    return ModelSet.read([ModelSpec.parse(f"{pair}={run}") for pair in pairs], "en", None, "cpu", False)
 
 
 @pytest.fixture(scope="module")
 def base(run, plain_run, tmp_path_factory):
     """A server in a thread: the app at / and again under /mt (as behind a proxy with a prefix), at /limited an app
-    asking for a key allowed 3 requests a minute and 60 characters a request, and at /plain the model without its
-    calibration."""
+    asking for a key allowed 3 requests a minute and 60 characters a request, at /plain the model without its
+    calibration, and at /toy the model as `nanomt demo`'s toy pair src-tgt (codes no language name is known for)."""
     keys = tmp_path_factory.mktemp("keys") / "keys"
     keys.write_text(key_line(KEY, "page", req_limit=3, char_limit=60) + "\n")
     app = create_app(models(run), ServeConfig(access_log=False, max_chars=2000))
     limited = create_app(models(run), ServeConfig(access_log=False, keys_file=str(keys)))
     plain = create_app(models(plain_run), ServeConfig(access_log=False))
+    toy = create_app(models(run, ("src-tgt",)), ServeConfig(access_log=False))
 
     @contextlib.asynccontextmanager
     async def lifespan(_):
@@ -107,10 +108,11 @@ def base(run, plain_run, tmp_path_factory):
             app.router.lifespan_context(app),
             limited.router.lifespan_context(limited),
             plain.router.lifespan_context(plain),
+            toy.router.lifespan_context(toy),
         ):
             yield
 
-    mounts = [Mount("/mt", app), Mount("/limited", limited), Mount("/plain", plain), Mount("", app)]
+    mounts = [Mount("/mt", app), Mount("/limited", limited), Mount("/plain", plain), Mount("/toy", toy), Mount("", app)]
     parent = FastAPI(lifespan=lifespan, routes=mounts)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(parent, host="127.0.0.1", port=port, log_level="warning"))
@@ -307,6 +309,16 @@ def test_german_paragraph_file_alternatives_and_attention(browser, base, lines, 
     assert not page.el("error").is_displayed()
     severe = [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"]
     assert not severe, severe  # no script error, no request the content security policy refused
+
+
+@pytest.mark.slow
+def test_a_code_no_language_name_is_known_for_is_shown_as_it_is(browser, base, lines):
+    """The toy pair's codes: the browser's language names would make "src" the code of Sardinian ("sc")."""
+    page = Page(browser, f"{base}/toy/")
+    page.wait.until(lambda d: page.options("target-lang") == ["tgt"])
+    assert page.options("source-lang") == ["Detect the language", "src"]
+    page.type(lines[0])
+    page.wait.until(lambda d: page.el("model-status").text == "src → tgt: loaded on cpu")
 
 
 @pytest.mark.slow

@@ -7,8 +7,10 @@ const Languages = (() => {
   let direct = new Set();  // "de-en" for each pair one model translates (GET health)
   let detected = null;     // the language the server detected for the source text (source auto)
 
-  // GET languages names the sources only; a language only translated into is named by the browser (Intl).
-  const display = window.Intl && Intl.DisplayNames ? new Intl.DisplayNames(["en"], { type: "language" }) : null;
+  // GET languages names the sources only; a language only translated into is named by the browser (Intl). A code
+  // it has no name for stays as it is: its default fallback gives the code canonicalized ("src" became "sc").
+  const display = window.Intl && Intl.DisplayNames
+    ? new Intl.DisplayNames(["en"], { type: "language", fallback: "none" }) : null;
   function name(code) {
     const served = langs.find((l) => l.code === code);
     if (served && served.name !== code) return served.name;
