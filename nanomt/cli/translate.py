@@ -40,6 +40,8 @@ def check_modes(args: argparse.Namespace) -> None:
     """Refuse, in one line, options that do not combine (before the model is loaded)."""
     if args.buffer_size < 1:
         raise ValueError(f"--buffer-size must be >= 1, got {args.buffer_size}")
+    if args.max_tokens is not None and args.max_tokens < 1:
+        raise ValueError(f"--max-tokens must be >= 1, got {args.max_tokens}")
     whole = "--format" if args.format else "--split" if args.split else None
     n_best = args.n_best or 1
     if whole and n_best > 1:

@@ -178,7 +178,8 @@ class Translator:
         lens = np.array([len(s) for s in ids])
         results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] for _ in ids]
         todo = np.flatnonzero(lens > 0)  # empty lines translate to empty lines
-        batches = make_batches(lens[todo], lens[todo], max_tokens or self.cfg.decode.max_tokens, 0, 0, shuffle=False)
+        budget = self.cfg.decode.max_tokens if max_tokens is None else max_tokens  # 0 is refused, not the default
+        batches = make_batches(lens[todo], lens[todo], budget, 0, 0, shuffle=False)
         bar = tqdm(total=len(todo), disable=not progress, unit="sent", dynamic_ncols=True)
         for k, batch in enumerate(batches):
             idx = todo[batch]

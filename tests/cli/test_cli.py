@@ -263,6 +263,7 @@ def test_every_option_of_every_command_has_help():
         (["--beam", "0"], "beam_size must be >= 1"),
         (["--n-best", "4", "--beam", "2"], "n_best must be in [1, beam_size=2]"),
         (["--repetition-penalty", "0"], "repetition_penalty must be > 0"),
+        (["--max-tokens", "0"], "--max-tokens must be >= 1, got 0"),
     ],
 )
 def test_decoding_flags_are_checked_before_the_model_is_loaded(run_dir, monkeypatch, capsys, flags, message):
