@@ -138,31 +138,32 @@ def test_a_checkpoint_whose_tokenizer_is_not_its_weights_is_refused_and_nothing_
 # Nothing is overwritten.
 
 
+def refused_training(toy_corpus, tmp_path: Path, run_dir: Path, capsys) -> str:
+    """`nanomt train` of a tiny config into `run_dir`, which it must refuse: its one line of error."""
+    config = tmp_path / "tiny.yaml"
+    config.write_text(json.dumps(tiny_config(toy_corpus, max_steps=2)))
+    with pytest.raises(SystemExit) as e:
+        main(["train", str(config), "--run-dir", str(run_dir)])
+    assert e.value.code != 0
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
 def test_train_refuses_a_directory_holding_a_model_it_did_not_train_and_leaves_it_as_it_was(
     toy_corpus, base_run, tmp_path, capsys
 ):
     averaged = average_checkpoints([d for _, d in step_dirs(base_run)], tmp_path / "averaged")
     before = tree_digest(averaged)
-    config = tmp_path / "tiny.yaml"
-    config.write_text(json.dumps(tiny_config(toy_corpus, max_steps=2)))
-    with pytest.raises(SystemExit) as e:
-        main(["train", str(config), "--run-dir", str(averaged)])
-    assert e.value.code != 0
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "holds a model that was not trained there" in err and "init_from" in err
+    err = refused_training(toy_corpus, tmp_path, averaged, capsys)
+    assert "holds a model that was not trained there" in err and "init_from" in err
     assert tree_digest(averaged) == before
 
 
 def test_train_refuses_a_run_dir_that_is_a_file_and_leaves_it_as_it_was(toy_corpus, tmp_path, capsys):
     a_file = tmp_path / "run"
     a_file.write_text("notes\n", encoding="utf-8")
-    config = tmp_path / "tiny.yaml"
-    config.write_text(json.dumps(tiny_config(toy_corpus, max_steps=2)))
-    with pytest.raises(SystemExit) as e:
-        main(["train", str(config), "--run-dir", str(a_file)])
-    assert e.value.code != 0
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and f"--run-dir {a_file} is not a directory" in err
+    assert f"--run-dir {a_file} is not a directory" in refused_training(toy_corpus, tmp_path, a_file, capsys)
     assert a_file.read_text(encoding="utf-8") == "notes\n"
 
 
