@@ -60,6 +60,8 @@ def import_(tm, args, url: str) -> None:
     from nanomt.serve.corrections import read_tmx
 
     path = Path(args.file)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: file not found")
     units = [u for u in read_tmx(path.read_text(encoding="utf-8"), str(path)) if args.pair in (None, u[0])]
     statuses = [tm.add(pair, source, translation) for pair, source, translation in units]
     if "full" in statuses:

@@ -248,6 +248,9 @@ def test_memory_export_as_a_corpus_and_tmx_and_import(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["memory", "import", str(tmp_path / "bad.tmx"), "--store", other])
     assert "bad.tmx: not a TMX file" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["memory", "import", str(tmp_path / "none.tmx"), "--store", other])
+    assert capsys.readouterr().err == f"nanomt: error: {tmp_path / 'none.tmx'}: file not found\n"
 
 
 def test_every_backend_bounds_a_value_in_several_groups_and_deletes_and_counts(store):
