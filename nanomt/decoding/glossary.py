@@ -19,6 +19,8 @@ def read_glossary(path: str | Path) -> Glossary:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise GlossaryError(f"{path}: glossary file not found") from None
+    except IsADirectoryError:
+        raise GlossaryError(f"{path}: a directory, not a glossary file") from None
     except UnicodeDecodeError as e:
         raise GlossaryError(f"{path}: not UTF-8 text (byte {e.start})") from None
     pairs = []

@@ -177,6 +177,13 @@ def test_a_bad_glossary_line_is_a_one_line_error_naming_file_and_line(tmp_path, 
         read_glossary(path)
 
 
+def test_a_glossary_that_is_no_file_is_a_one_line_error_naming_it(tmp_path):
+    with pytest.raises(GlossaryError, match=f"{tmp_path / 'none.tsv'}: glossary file not found"):
+        read_glossary(tmp_path / "none.tsv")
+    with pytest.raises(GlossaryError, match=f"{tmp_path}: a directory, not a glossary file"):
+        read_glossary(tmp_path)
+
+
 def test_a_glossary_puts_its_terms_into_the_translation(vocab, tmp_path):
     tokenizer, tokenizer_dir, words = vocab
     ckpt = write_checkpoint(tmp_path / "ckpt", prefix_model(tokenizer, words), tokenizer_dir, beam_size=4)
