@@ -312,8 +312,22 @@ class TrainConfig:
     calibrate: bool = True
 
     def __post_init__(self):
-        if self.bidirectional_epochs < 0:
-            raise ValueError(f"bidirectional_epochs must be >= 0, got {self.bidirectional_epochs}")
+        # 0 has a meaning for these: no steps, no warm-up, every checkpoint kept, no BLEU sentences, no clipping.
+        least = {"max_tokens": 1, "accum_steps": 1, "log_every": 1, "eval_every": 1, "save_every": 1, "max_steps": 0}
+        least |= {"warmup_steps": 0, "keep_last": 0, "bidirectional_epochs": 0, "valid_bleu_sentences": 0}
+        least |= {"max_epochs": 1, "num_threads": 1, "weight_decay": 0, "clip_norm": 0}
+        for name, bound in least.items():
+            value = getattr(self, name)
+            if value is not None and value < bound:
+                raise ValueError(f"{name} must be >= {bound}, got {value}")
+        for name in ("lr", "eps", "max_minutes"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be > 0, got {value}")
+        if not 0 <= self.label_smoothing < 1:
+            raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        if not all(0 <= beta < 1 for beta in self.betas):
+            raise ValueError(f"betas must be in [0, 1), got {self.betas}")
         if self.pack_row_tokens is not None and self.pack_row_tokens < 2:
             raise ValueError(
                 f"pack_row_tokens must be >= 2 (a token and the row's padding), got {self.pack_row_tokens}"

@@ -94,6 +94,32 @@ def test_bpe_dropout_validation(data, words):
         config_from_dict({"data": data})
 
 
+@pytest.mark.parametrize(
+    "train, words",
+    [
+        ({"eval_every": 0}, "eval_every must be >= 1, got 0"),
+        ({"save_every": 0}, "save_every must be >= 1, got 0"),
+        ({"log_every": 0}, "log_every must be >= 1, got 0"),
+        ({"accum_steps": 0}, "accum_steps must be >= 1, got 0"),
+        ({"max_tokens": 0}, "max_tokens must be >= 1, got 0"),
+        ({"warmup_steps": -1}, "warmup_steps must be >= 0, got -1"),
+        ({"clip_norm": -1.0}, "clip_norm must be >= 0, got -1.0"),
+        ({"lr": 0.0}, "lr must be > 0, got 0.0"),
+        ({"max_minutes": -5.0}, "max_minutes must be > 0, got -5.0"),
+        ({"label_smoothing": 1.5}, "label_smoothing must be in [0, 1), got 1.5"),
+        ({"betas": [0.9, 1.0]}, "betas must be in [0, 1), got (0.9, 1.0)"),
+        ({"num_threads": 0}, "num_threads must be >= 1, got 0"),
+    ],
+)
+def test_training_numbers_out_of_range_are_refused_when_the_config_loads(train, words):
+    """Each was a ZeroDivisionError, an UnboundLocalError, or a run that trained on it (a negative clip_norm
+    turned every step into gradient ascent)."""
+    with pytest.raises(ConfigError) as e:
+        config_from_dict({"train": train})
+    assert words in str(e.value) and "\n" not in str(e.value)
+    config_from_dict({"train": {"warmup_steps": 0, "clip_norm": 0.0, "keep_last": 0, "valid_bleu_sentences": 0}})
+
+
 def test_configs_are_frozen():
     cfg = Config(model=ModelConfig(10, 10, d_model=8, n_heads=2))
     with pytest.raises(AttributeError):
