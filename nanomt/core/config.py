@@ -220,6 +220,8 @@ class DataConfig:
             raise ValueError("train as a list of corpora needs files, not hf")
         if not 0.0 <= self.bpe_dropout < 1.0:
             raise ValueError(f"bpe_dropout must be in [0, 1), got {self.bpe_dropout}")
+        if self.max_len < 1:  # else every pair is dropped as too long, once the tokenizer is trained
+            raise ValueError(f"max_len must be >= 1, got {self.max_len}")
         if self.tokenizer_sentences <= 100:  # SentencePiece's own lower bound on its sample
             raise ValueError(f"tokenizer_sentences must be > 100, got {self.tokenizer_sentences}")
         if self.bpe_dropout and self.tokenizer != "bpe":

@@ -87,6 +87,7 @@ def test_model_validation_surfaces_as_config_error():
     [
         ({"bpe_dropout": 1.0}, "bpe_dropout must be in"),
         ({"bpe_dropout": 0.1, "tokenizer": "unigram"}, "needs tokenizer"),
+        ({"max_len": 0}, "max_len must be >= 1, got 0"),
     ],
 )
 def test_bpe_dropout_validation(data, words):
