@@ -90,7 +90,7 @@ def test_model_validation_surfaces_as_config_error():
         ({"max_len": 0}, "max_len must be >= 1, got 0"),
     ],
 )
-def test_bpe_dropout_validation(data, words):
+def test_data_settings_that_cannot_be_are_refused(data, words):
     with pytest.raises(ConfigError, match=words):
         config_from_dict({"data": data})
 
