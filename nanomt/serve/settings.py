@@ -221,12 +221,14 @@ class ServeConfig:
             value = getattr(self, name)
             if value is not None and value < least:
                 raise ValueError(f"{name} must be >= {least}, got {value}")
-        if self.max_wait_ms < 0:
-            raise ValueError(f"max_wait_ms must be >= 0, got {self.max_wait_ms}")
+        if not (self.max_wait_ms >= 0 and math.isfinite(self.max_wait_ms)):  # NaN or inf: a batch that never leaves
+            raise ValueError(f"max_wait_ms must be >= 0 and finite, got {self.max_wait_ms}")
         if self.max_loaded is not None and self.max_loaded < 1:
             raise ValueError(f"max_loaded must be >= 1, got {self.max_loaded}")
-        if self.cache_size < 0 or not self.cache_age > 0:
-            raise ValueError(f"cache_size must be >= 0 and cache_age > 0, got {self.cache_size}, {self.cache_age}")
+        if self.cache_size < 0 or not (self.cache_age > 0 and math.isfinite(self.cache_age)):  # a store's TTL
+            raise ValueError(
+                f"cache_size must be >= 0 and cache_age > 0 and finite, got {self.cache_size}, {self.cache_age}"
+            )
         if self.min_confidence is not None and not 0 <= self.min_confidence <= 1:
             raise ValueError(f"min_confidence must be in 0..1, got {self.min_confidence}")
         if self.api_key == "":  # an empty key is no key

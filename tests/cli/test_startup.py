@@ -183,6 +183,13 @@ def test_serve_flags_build_the_serve_config(tmp_path, monkeypatch):
     for port in (-1, 65536):
         with pytest.raises(ValueError, match=f"port must be in 0..65535, got {port}"):
             parse("runs/a", "--port", port)
+    for flag, value, words in [
+        ("--max-wait-ms", "nan", "max_wait_ms must be >= 0 and finite, got nan"),
+        ("--max-wait-ms", "inf", "max_wait_ms must be >= 0 and finite, got inf"),
+        ("--cache-age", "inf", "cache_age > 0 and finite, got 100000, inf"),
+    ]:
+        with pytest.raises(ValueError, match=words):
+            parse("runs/a", flag, value)
 
 
 def test_a_new_setting_with_its_metadata_is_a_flag():
