@@ -10,8 +10,10 @@ nanomt/interop/ct2.py) and the value checks its bounds with `check_bounds`. Stan
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import math
+import typing
 from collections.abc import Callable
 from dataclasses import MISSING, Field, field
 
@@ -106,6 +108,14 @@ def within(value, bounds: dict) -> bool:
     return all(tests.values())
 
 
+@functools.cache
+def number_kind(cls: type, name: str) -> type | None:
+    """int or float where a field of `cls` is one (or it or None), else None: what a value given in Python must be."""
+    hint = typing.get_type_hints(cls)[name]
+    kinds = typing.get_args(hint) or (hint,)
+    return float if float in kinds else int if int in kinds else None
+
+
 def check_bounds(value: object) -> None:
     """ValueError naming the first field of a settings dataclass instance outside its bounds or choices (a float
     that is not finite is outside any bounds; one without bounds must still be a number)."""
@@ -117,6 +127,9 @@ def check_bounds(value: object) -> None:
             continue
         if meta["choices"] is not None and v not in meta["choices"]:
             raise ValueError(f"{f.name} must be one of {meta['choices']}, got {v!r}")
+        kind = number_kind(type(value), f.name)
+        if (kind is int and not isinstance(v, int)) or (kind is float and not isinstance(v, int | float)):
+            raise ValueError(f"{f.name} must be {'an integer' if kind is int else 'a number'}, got {v!r}")
         if not isinstance(v, int | float):
             continue
         if meta["bounds"] and not within(v, meta["bounds"]):

@@ -16,6 +16,7 @@ from nanomt.core.checkpoint import CheckpointError, checkpoint_weights, load_che
 from nanomt.core.config import Config
 from nanomt.core.decoding import Decoding, batch_decoding
 from nanomt.core.model import Transformer, prune_output
+from nanomt.core.runtime import pick_device
 from nanomt.core.tokenizer import Tokenizer
 from nanomt.decoding import confident
 from nanomt.decoding.alignment import Alignment, cross_attention
@@ -83,6 +84,7 @@ class Translator:
     ) -> Translator:
         """Load any checkpoint directory (a run dir, checkpoints/step_N, or an averaged one), with its calibration
         unless `calibrated` is False (what `nanomt calibrate` replaces is not read)."""
+        device = pick_device(device, "device") if isinstance(device, str) else device  # a DeviceError naming it
         model, cfg, tokenizer = load_checkpoint(path, device)
         weights = checkpoint_weights(path, quiet=True)  # load_checkpoint has said which file it read
         translator = cls(model, tokenizer, cfg, device, int8, copy_model=False)
@@ -98,6 +100,7 @@ class Translator:
         """One checkpoint, or an ensemble of several that share a tokenizer (decoding defaults from the first)."""
         if not paths:
             raise CheckpointError("no checkpoint given")
+        device = pick_device(device, "device") if isinstance(device, str) else device
         if len(paths) == 1:
             return cls.from_checkpoint(paths[0], device, int8)
         loaded = [load_checkpoint(path, device) for path in paths]

@@ -199,6 +199,9 @@ def test_bounds_are_checked_and_written_as_a_reader_writes_them():
         ({"count": -1}, "count must be >= 0, got -1"),
         ({"kind": "c"}, r"kind must be one of \('a', 'b'\), got 'c'"),
         ({"free": float("inf")}, "free must be a number, got inf"),
+        # Python callers: the type a field declares (argparse, YAML and the request schema convert before this).
+        ({"count": 2.5}, "count must be an integer, got 2.5"),
+        ({"rate": "0.5"}, "rate must be a number, got '0.5'"),
     ]:
         with pytest.raises(ValueError, match=message):
             check_bounds(Knobs(**bad))

@@ -15,6 +15,7 @@ from conftest import KEPT, TIED_VOCAB, decoding, max_len_fn, random_src, run_nan
 from nanomt.core.checkpoint import load_checkpoint, model_state, write_checkpoint_dir
 from nanomt.core.config import Config, DataConfig, DecodeConfig, ModelConfig, config_from_dict
 from nanomt.core.model import Transformer
+from nanomt.core.runtime import DeviceError
 from nanomt.core.tokenizer import BOS_ID, EOS_ID, PAD_ID, train_tokenizer
 from nanomt.decoding.beam import beam_search
 from nanomt.decoding.ensemble import Ensemble
@@ -165,6 +166,23 @@ def test_what_is_no_list_of_sentences_is_refused_by_every_door(vocab, tmp_path):
         with pytest.raises(TypeError, match=r"sentence 2 is a NoneType, not a str"):
             door([SOURCES[0], None])
     assert len(translator.translate(SOURCES[:1])) == 1
+    with pytest.raises(ValueError, match="beam_size must be an integer, got 2.5"):  # torch's TypeError, deep inside
+        translator.translate(SOURCES[:1], beam_size=2.5)
+
+
+def test_a_device_this_machine_lacks_is_named_when_the_checkpoint_loads(vocab, tmp_path):
+    tokenizer, tokenizer_dir, words = vocab
+    ckpt = write_checkpoint(tmp_path / "ckpt", table_model(tokenizer.tgt_vocab_size, {}), tokenizer_dir)
+    with pytest.raises(DeviceError, match="device nope: not a device name"):
+        Translator.from_checkpoint(ckpt, device="nope")
+    with pytest.raises(DeviceError, match="device nope: not a device name"):
+        Translator.from_checkpoints([ckpt, ckpt], device="nope")
+    if not torch.cuda.is_available():  # it was torch's AssertionError "Torch not compiled with CUDA enabled"
+        with pytest.raises(DeviceError, match="device cuda: CUDA is not available"):
+            Translator.from_checkpoint(ckpt, device="cuda")
+    assert Translator.from_checkpoint(ckpt, device="auto").device.type == (
+        "cuda" if torch.cuda.is_available() else "cpu"
+    )
 
 
 @pytest.mark.parametrize("beam_size", [1, 4])
