@@ -12,7 +12,6 @@ import importlib
 import logging
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 from nanomt.cli.parser import build_parser
 
@@ -21,16 +20,6 @@ __all__ = ["build_parser", "main", "no_collection_while_loading"]
 
 class MissingExtra(Exception):
     """A command that needs an optional extra which is not installed; the message names what to install."""
-
-
-def new_directory(path: str, option: str = "--out") -> str:
-    """An output directory a command may fill: new, or empty. One that holds anything (a run's model, another export)
-    is refused before anything is written, so that nothing there is replaced or mixed with what the command writes
-    (as CTranslate2's converters refuse one without --force)."""
-    out = Path(path)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ValueError(f"{option} {path}: already exists and is not empty; give a new or empty directory")
-    return path
 
 
 def require_extra(extra: str, what: str, modules: tuple[str, ...]) -> None:

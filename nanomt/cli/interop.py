@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import argparse
 
-from nanomt.cli import new_directory, require_extra
+from nanomt.cli import require_extra
 
 
 def import_model(args: argparse.Namespace) -> None:
+    from nanomt.core.checkpoint import check_new_dir
     from nanomt.interop.marian import import_marian
 
-    print(f"run directory: {import_marian(args.hf_dir, new_directory(args.out))}")
+    print(f"run directory: {import_marian(args.hf_dir, check_new_dir(args.out, '--out'))}")
 
 
 def export(args: argparse.Namespace) -> None:
+    from nanomt.core.checkpoint import check_new_dir
+
     if args.target != "argos":  # a package is one file, replaced whole (nanomt.interop.argos)
-        new_directory(args.out)
+        check_new_dir(args.out, "--out")
     try:
         if args.target == "ct2":
             from nanomt.interop.ct2 import export_ct2

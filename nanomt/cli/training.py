@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from nanomt.cli import new_directory, no_collection_while_loading
+from nanomt.cli import no_collection_while_loading
 
 
 def train(args: argparse.Namespace) -> None:
@@ -48,7 +48,7 @@ def distill(args: argparse.Namespace) -> None:
 
 
 def average(args: argparse.Namespace) -> None:
-    from nanomt.core.checkpoint import CheckpointError, average_checkpoints, step_dirs
+    from nanomt.core.checkpoint import CheckpointError, average_checkpoints, check_new_dir, step_dirs
 
     paths = list(args.checkpoints)
     if args.last:
@@ -58,7 +58,7 @@ def average(args: argparse.Namespace) -> None:
         if not steps:
             raise CheckpointError(f"{paths[0]}: no checkpoints/step_N directories")
         paths = [p for _, p in steps[-args.last :]]
-    out = average_checkpoints(paths, new_directory(args.out))
+    out = average_checkpoints(paths, check_new_dir(args.out, "--out"))
     print(f"averaged {len(paths)} checkpoints ({', '.join(Path(p).name for p in paths)}) into {out}")
 
 

@@ -194,6 +194,18 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> tup
     return model.to(device).eval(), cfg, tokenizer
 
 
+def check_new_dir(out: str | Path, flag: str | None = None, error: type[ValueError] = CheckpointError) -> Path:
+    """A directory a whole model or export is written into: new, or empty. One holding anything (a run's model,
+    another export), or a file of that name, is refused (`error`, naming `flag` where a command line gave it) before
+    anything is written, so that nothing there is replaced or mixed in (as CTranslate2's converters refuse one
+    without --force)."""
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        named = f"{flag} {out}" if flag else str(out)
+        raise error(f"{named}: already exists and is not empty; give a new or empty directory")
+    return out
+
+
 def write_checkpoint_dir(out: str | Path, cfg: Config, tokenizer_dir: Path, state: dict[str, torch.Tensor]) -> Path:
     """A complete, self-contained checkpoint directory (config, tokenizer, weights)."""
     out = Path(out)

@@ -25,8 +25,9 @@ class DeviceError(ValueError):
     """A device or precision this machine cannot provide."""
 
 
-def pick_device(name: str, option: str = "train.device") -> torch.device:
-    """`auto` is CUDA when present, else the CPU; a device this build or machine lacks is a DeviceError."""
+def pick_device(name: str | torch.device, option: str = "train.device") -> torch.device:
+    """`auto` is CUDA when present, else the CPU; a device (named, or a torch.device) this build or machine lacks is
+    a DeviceError."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:

@@ -84,7 +84,7 @@ class Translator:
     ) -> Translator:
         """Load any checkpoint directory (a run dir, checkpoints/step_N, or an averaged one), with its calibration
         unless `calibrated` is False (what `nanomt calibrate` replaces is not read)."""
-        device = pick_device(device, "device") if isinstance(device, str) else device  # a DeviceError naming it
+        device = pick_device(device, "device")  # a DeviceError naming a device this machine lacks
         model, cfg, tokenizer = load_checkpoint(path, device)
         weights = checkpoint_weights(path, quiet=True)  # load_checkpoint has said which file it read
         translator = cls(model, tokenizer, cfg, device, int8, copy_model=False)
@@ -100,7 +100,7 @@ class Translator:
         """One checkpoint, or an ensemble of several that share a tokenizer (decoding defaults from the first)."""
         if not paths:
             raise CheckpointError("no checkpoint given")
-        device = pick_device(device, "device") if isinstance(device, str) else device
+        device = pick_device(device, "device")
         if len(paths) == 1:
             return cls.from_checkpoint(paths[0], device, int8)
         loaded = [load_checkpoint(path, device) for path in paths]

@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from nanomt.core.checkpoint import find_run_files, load_checkpoint
+from nanomt.core.checkpoint import check_new_dir, find_run_files, load_checkpoint
 from nanomt.core.config import DecodeConfig, ModelConfig, load_config
 from nanomt.core.tokenizer import SHARED_FILE, SRC_FILE, TABLE_SPECIALS, TGT_FILE, Tokenizer
 from nanomt.interop.marian import layer_names
@@ -74,8 +74,7 @@ def export_marian(run: str | Path | Sequence[str | Path], out: str | Path) -> Pa
     config_path, tokenizer_dir = find_run_files(run)
     cfg = load_config(config_path)
     check_exportable(cfg.model)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise MarianExportError(f"{out}: already exists and is not empty; give a new or empty directory")
+    check_new_dir(out, error=MarianExportError)
     model, cfg, _ = load_checkpoint(run)
     weights = marian_weights(model.state_dict(), cfg.model)
     files = tokenizer_files(tokenizer_dir, cfg.model)
